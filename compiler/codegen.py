@@ -1,0 +1,239 @@
+"""WGSL for each scheduled kernel, from the templates in compiler/kernels/.
+
+Shapes are baked into the text as constants: a package is compiled for fixed shapes,
+and constant loop bounds let the driver's compiler unroll and fold.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ops import OPS
+from .schedule import Kernel, Schedule, base_of, flat_read
+from .wgsl import f32_literal, render, template
+
+WG = 256  # threads per workgroup in 1-D kernels
+MAX_GROUPS = 65535
+
+
+@dataclass
+class KernelCode:
+    wgsl: str
+    workgroup_size: tuple
+    bindings: list  # [(storage node id, "read" | "read_write")]
+    workgroups: tuple
+    label: str
+
+
+def grid(count: int) -> tuple:
+    """Workgroups for `count` groups, folded into 2-D past the per-dimension limit."""
+    count = max(1, int(count))
+    x = min(count, MAX_GROUPS)
+    return (x, -(-count // x), 1)
+
+
+def _strides(shape):
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return list(reversed(out))
+
+
+def _wtype(dtype):
+    return "i32" if dtype == "i32" else "f32"
+
+
+class _Bindings:
+    """Binding slots of one kernel: one per buffer, unless a slot of its own is asked for."""
+
+    def __init__(self, graph, storage):
+        self.g, self.storage, self.slots = graph, storage, []  # slots: [storage, access]
+
+    def st(self, i):
+        return self.storage.get(i, i)
+
+    def use(self, i, write=False, own=False) -> str:
+        s = self.st(i)
+        found = [b for b, slot in enumerate(self.slots) if slot[0] == s]
+        if found and not own:
+            b = found[0]
+        else:
+            self.slots.append([s, "read"])
+            b = len(self.slots) - 1
+        if write:
+            self.slots[b][1] = "read_write"
+        return f"t{b}"
+
+    def decls(self, names=None) -> str:
+        lines = []
+        for b, (s, access) in enumerate(self.slots):
+            name = names[b] if names else f"t{b}"
+            ty = _wtype(self.g.nodes[s].dtype)
+            lines.append(f"@group(0) @binding({b}) var<storage, {access}> {name}: array<{ty}>;")
+        return "\n".join(lines)
+
+    def list(self):
+        return [tuple(slot) for slot in self.slots]
+
+
+def generate(sched: Schedule, kernel: Kernel) -> KernelCode:
+    if kernel.kind == "elementwise":
+        return _elementwise(sched, kernel)
+    return {"matmul": _matmul, "reduce": _reduce, "softmax": _softmax}[kernel.kind](sched, kernel)
+
+
+def _elementwise(sched: Schedule, k: Kernel) -> KernelCode:
+    g = sched.graph
+    nodes = g.nodes
+    bind = _Bindings(g, sched.storage)
+    total = nodes[k.roots[0]].size
+    coords, body, reads = {}, [], {}
+    uses_prelude = False
+
+    def coord(shape):
+        if shape not in coords:
+            c = len(coords)
+            strides = _strides(shape)
+            coords[shape] = [f"c{c}_{a}" for a in range(len(shape))]
+            for a, (d, st) in enumerate(zip(shape, strides)):
+                body_coords.append(f"    let c{c}_{a} = (idx / {st}u) % {d}u;")
+        return coords[shape]
+
+    body_coords = []
+
+    def operand(m: int, p: int) -> str:
+        j = nodes[m].inputs[p]
+        b = base_of(g, j)
+        if nodes[b].op == "const":
+            return f32_literal(nodes[b].attr("value"))
+        if b in k.members:
+            return f"v{b}"
+        name = bind.use(b)
+        if flat_read(g, m, p):
+            key = (b, "flat")
+            expr = f"{name}[idx]"
+        else:
+            offs = _read_offsets(nodes[m], nodes[j])
+            cs = coord(nodes[m].shape)
+            terms = [f"{c} * {s}u" for c, s in zip(cs, offs) if s]
+            key = (b, tuple(offs))
+            expr = f"{name}[{' + '.join(terms) if terms else '0u'}]"
+        if key not in reads:
+            reads[key] = f"r{len(reads)}"
+            body.append(f"    let {reads[key]} = {expr};")
+        return reads[key]
+
+    for m in sorted(k.members):
+        n = nodes[m]
+        low = OPS[n.op].lowering[1]
+        at = dict(n.attrs)
+        if isinstance(low, dict):
+            low = low[at.get("to", at.get("approximate", "none"))]
+        fmt = {"exponent": f32_literal(at["exponent"])} if "exponent" in at else {}
+        if "{i_last}" in low:
+            fmt["i_last"] = coord(n.shape)[-1]
+        expr = low.format(*[operand(m, p) for p in range(len(n.inputs))], **fmt)
+        uses_prelude |= "mn_" in expr
+        body.append(f"    let v{m}: {_wtype(n.dtype)} = {expr};")
+    for r in k.roots:
+        for (b, mode) in reads:
+            if bind.st(b) == bind.st(r) and mode != "flat":
+                raise RuntimeError(f"kernel writes {r} in place while reading it at other indices")
+        body.append(f"    {bind.use(r, write=True)}[idx] = v{r};")
+    wgsl = render("elementwise", PRELUDE=template("prelude") if uses_prelude else "",
+                  BINDINGS=bind.decls(), TOTAL=total, COORDS="\n".join(body_coords), BODY="\n".join(body))
+    label = "+".join(sorted({nodes[m].op for m in k.members}))
+    return KernelCode(wgsl, (WG, 1, 1), bind.list(), grid(-(-total // WG)), label)
+
+
+def _read_offsets(user, inp):
+    """Element offsets per coordinate of `user`'s output for reading input `inp`."""
+    if user.op == "transpose":
+        st = _strides(inp.shape)
+        return [st[p] for p in user.attr("perm")]
+    shape = inp.shape
+    st = _strides(shape)
+    lead = len(user.shape) - len(shape)
+    out = [0] * lead
+    for a, (d, s) in enumerate(zip(shape, st)):
+        out.append(0 if d == 1 and user.shape[lead + a] != 1 else s)
+    return out
+
+
+def _reduce(sched: Schedule, k: Kernel) -> KernelCode:
+    g = sched.graph
+    r = k.roots[0]
+    n = g.nodes[r]
+    x = n.inputs[0]
+    shape = g.nodes[x].shape
+    axes = sorted(a % len(shape) for a in n.attr("axes"))
+    outer = int(np.prod(shape[:axes[0]], dtype=np.int64))
+    red = int(np.prod(shape[axes[0]:axes[-1] + 1], dtype=np.int64))
+    inner = int(np.prod(shape[axes[-1] + 1:], dtype=np.int64))
+    bind = _Bindings(g, sched.storage)
+    bind.use(base_of(g, x))
+    bind.use(r, write=True)
+    is_max = n.op == "reduce_max"
+    combine = "fn combine(a: f32, b: f32) -> f32 { return " + ("max(a, b)" if is_max else "a + b") + "; }"
+    decls = bind.decls(["src", "dst"]) + "\n" + combine
+    init = f32_literal(float("-inf")) if is_max else "0.0"
+    if inner == 1:
+        wgsl = render("reduce_rows", BINDINGS=decls, OUTER=outer, R=red, INIT=init, COMBINE="combine")
+        return KernelCode(wgsl, (64, 1, 1), bind.list(), grid(outer), n.op)
+    wgsl = render("reduce_cols", BINDINGS=decls, OUTER=outer, R=red, INNER=inner, INIT=init, COMBINE="combine")
+    return KernelCode(wgsl, (WG, 1, 1), bind.list(), grid(-(-outer * inner // WG)), n.op)
+
+
+def _softmax(sched: Schedule, k: Kernel) -> KernelCode:
+    g = sched.graph
+    r = k.roots[0]
+    n = g.nodes[r]
+    cols = n.shape[-1]
+    rows = n.size // max(cols, 1)
+    bind = _Bindings(g, sched.storage)
+    bind.use(base_of(g, n.inputs[0]))
+    bind.use(r, write=True)
+    out = "exp(z) / s" if n.op == "softmax" else "z - log_s"
+    wgsl = render("softmax", BINDINGS=bind.decls(["src", "dst"]), ROWS=rows, COLS=cols, OUT_EXPR=out)
+    return KernelCode(wgsl, (64, 1, 1), bind.list(), grid(rows), n.op)
+
+
+def _matmul(sched: Schedule, k: Kernel) -> KernelCode:
+    g = sched.graph
+    r = k.roots[0]
+    n = g.nodes[r]
+    a, b = (g.nodes[i] for i in n.inputs)
+    ta, tb = bool(n.attr("trans_a")), bool(n.attr("trans_b"))
+    m_, n_ = n.shape[-2], n.shape[-1]
+    k_ = a.shape[-2] if ta else a.shape[-1]
+    sam, sak = (1, a.shape[-1]) if ta else (a.shape[-1], 1)
+    sbk, sbn = (1, b.shape[-1]) if tb else (b.shape[-1], 1)
+    batch_shape = n.shape[:-2]
+    lines = ["    var a_off = 0u;", "    var b_off = 0u;", f"    let c_off = batch * {m_ * n_}u;"]
+    bst = _strides(batch_shape)
+    for d in range(len(batch_shape)):
+        if batch_shape[d] == 1:
+            continue
+        lines.append(f"    let bc{d} = (batch / {bst[d]}u) % {batch_shape[d]}u;")
+        for name, src in (("a_off", a), ("b_off", b)):
+            lead = len(batch_shape) - (len(src.shape) - 2)
+            if d < lead or src.shape[d - lead] == 1:
+                continue
+            stride = _strides(src.shape)[d - lead]
+            lines.append(f"    {name} = {name} + bc{d} * {stride}u;")
+    inner = []
+    for kk in range(16):
+        inner.append(f"        let a{kk} = a_tile[{kk * 16}u + lid.y];")
+        inner.append(f"        let b{kk} = b_tile[{kk * 16}u + lid.x];")
+        for rr, comp in enumerate("xyzw"):
+            inner.append(f"        acc{rr} = acc{rr} + a{kk}.{comp} * b{kk};")
+    bind = _Bindings(g, sched.storage)
+    bind.use(base_of(g, n.inputs[0]), own=True)
+    bind.use(base_of(g, n.inputs[1]), own=True)
+    bind.use(r, write=True, own=True)
+    wgsl = render("matmul", BINDINGS=bind.decls(["a", "b", "c"]), M=m_, N=n_, K=k_, SAM=sam, SAK=sak,
+                  SBK=sbk, SBN=sbn, BATCH_OFFSETS="\n".join(lines), INNER_LOOP="\n".join(inner))
+    batches = int(np.prod(batch_shape, dtype=np.int64))
+    return KernelCode(wgsl, (16, 16, 1), bind.list(), (-(-n_ // 64), -(-m_ // 64), batches), "matmul")

@@ -1,0 +1,51 @@
+"""The compiler driver: a Model (and a training recipe) in, package bytes out."""
+from __future__ import annotations
+
+import time
+
+from . import __version__
+from .builder import Model
+from .package_writer import PackageBuilder
+from .prepare import prepare
+from .schedule import schedule
+from .training import ROW_MASK, TrainConfig, build_training_graph
+
+
+def compile_model(model: Model, train: TrainConfig | None = None, source: dict | None = None,
+                  progress=None) -> bytes:
+    """Compile `model` into package bytes: program "infer", and "train_step" with `train`.
+
+    `progress(step_name)` is called before each stage (the CLI shows a progress bar).
+    """
+    t0 = time.perf_counter()
+    step = progress or (lambda name: None)
+    pb = PackageBuilder(__version__)
+    step("forward graph")
+    fwd = prepare(model.graph)
+    step("schedule inference")
+    pb.add_program("infer", schedule(fwd))
+    meta = {"source": source or {}, "batch": _batch_info(model)}
+    if train is not None:
+        step("autodiff and optimizer")
+        tg = prepare(build_training_graph(model.graph, train))
+        step("schedule training step")
+        pb.add_program("train_step", schedule(tg), {"row_mask": ROW_MASK})
+        meta["training"] = {"loss": train.loss, "optimizer": train.optimizer, "lr": train.lr,
+                            "frozen": sorted(tg.frozen), "row_mask": ROW_MASK}
+    step("write package")
+    meta["compile_seconds"] = round(time.perf_counter() - t0, 4)
+    return pb.write(meta)
+
+
+def _batch_info(model: Model) -> dict | None:
+    """The batch size, when every input and output starts with the same dimension.
+
+    The runtime then pads a smaller batch (masking padded rows out of the loss) and
+    splits a larger one for inference.
+    """
+    g = model.graph
+    firsts = [g.nodes[i].shape[0] if g.nodes[i].shape else None
+              for i in list(g.inputs.values()) + list(g.outputs.values())]
+    if not firsts or None in firsts or len(set(firsts)) != 1:
+        return None
+    return {"size": int(firsts[0])}

@@ -1,0 +1,153 @@
+"""Programs -> one package file: buffers by liveness, deduplicated kernels, weights.
+
+File layout (runtime/package.py reads it; docs/PACKAGE.md describes it):
+  MAGIC (8 bytes) | u32 format version | u64 manifest length | manifest (msgpack)
+  | u64 blob length | blob (safetensors: parameters and non-zero initial state)
+  | sha256 of everything before it (32 bytes)
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import msgpack
+import numpy as np
+from safetensors.numpy import save as safetensors_save
+
+from .codegen import generate
+from .schedule import Schedule
+
+MAGIC = b"MNPK\r\n\x1a\n"
+FORMAT_NAME = "meganeura-package"
+FORMAT_VERSION = 1
+ALIGN = 16
+
+
+def nbytes(node) -> int:
+    return max(ALIGN, -(-node.size * 4 // ALIGN) * ALIGN)
+
+
+class PackageBuilder:
+    def __init__(self, compiler_version: str):
+        self.version = compiler_version
+        self.buffers = []  # sizes in bytes
+        self.tensors = []  # manifest entries
+        self.leaf_tensor = {}  # leaf name -> tensor index
+        self.kernels = []
+        self.kernel_index = {}  # wgsl text -> kernel index
+        self.programs = {}
+        self.blob = {}  # name -> ndarray
+        self.max_bindings = 0
+        self.max_workgroups = 0
+
+    def _buffer(self, size: int) -> int:
+        self.buffers.append(int(size))
+        return len(self.buffers) - 1
+
+    def _leaf(self, node, value) -> int:
+        name, role = node.attr("name"), node.op
+        if name in self.leaf_tensor:
+            t = self.tensors[self.leaf_tensor[name]]
+            if tuple(t["shape"]) != node.shape or t["dtype"] != node.dtype:
+                raise ValueError(f"{role} {name!r} has shape {node.shape} here, {t['shape']} elsewhere")
+            return self.leaf_tensor[name]
+        entry = {"name": name, "role": role, "dtype": node.dtype, "shape": list(node.shape),
+                 "buffer": self._buffer(nbytes(node)), "init": "zeros"}
+        if role in ("param", "state") and value is not None and (role == "param" or np.any(value)):
+            self.blob[name] = np.ascontiguousarray(value, dtype=np.float32)
+            entry["init"] = "blob"
+        elif role == "param":
+            raise ValueError(f"parameter {name!r} has no value")
+        self.tensors.append(entry)
+        self.leaf_tensor[name] = len(self.tensors) - 1
+        return self.leaf_tensor[name]
+
+    def add_program(self, name: str, sched: Schedule, extra: dict | None = None):
+        g = sched.graph
+        codes = [generate(sched, k) for k in sched.kernels]
+        buffer_of = {}  # storage node id -> buffer
+        for i, n in enumerate(g.nodes):
+            if n.op in ("input", "param", "state"):
+                buffer_of[i] = self.tensors[self._leaf(n, g.values.get(n.attr("name")))]["buffer"]
+        # liveness of every other storage, in kernel order
+        first, last = {}, {}
+        for k, code in enumerate(codes):
+            for s, access in code.bindings:
+                if s in buffer_of:
+                    continue
+                first.setdefault(s, k)
+                last[s] = k
+        end = len(codes)
+        outs = {o: sched.storage.get(_base(g, i), _base(g, i)) for o, i in g.outputs.items()}
+        for s in outs.values():
+            if s not in buffer_of:
+                last[s] = end
+        free, peak, in_use = [], 0, 0
+        sizes = {}
+        for k in range(end):
+            for s in [s for s, f in first.items() if f == k]:
+                need = nbytes(g.nodes[s])
+                fit = [b for b in free if self.buffers[b] >= need]
+                if fit:
+                    b = min(fit, key=lambda b: self.buffers[b])
+                    free.remove(b)
+                elif free:
+                    b = max(free, key=lambda b: self.buffers[b])
+                    free.remove(b)
+                    self.buffers[b] = need
+                else:
+                    b = self._buffer(need)
+                buffer_of[s] = b
+                sizes[b] = self.buffers[b]
+                in_use += need
+                peak = max(peak, in_use)
+            for s in [s for s, l_ in last.items() if l_ == k]:
+                free.append(buffer_of[s])
+                in_use -= nbytes(g.nodes[s])
+        outputs = {}
+        for oname, s in outs.items():
+            n = g.nodes[g.outputs[oname]]
+            self.tensors.append({"name": oname, "role": "output", "program": name, "dtype": n.dtype,
+                                 "shape": list(n.shape), "buffer": buffer_of[s], "init": "none"})
+            outputs[oname] = len(self.tensors) - 1
+        dispatches = []
+        for code in codes:
+            if code.wgsl not in self.kernel_index:
+                self.kernels.append({"label": code.label, "wgsl": code.wgsl, "entry": "main",
+                                     "workgroup_size": list(code.workgroup_size),
+                                     "access": [a for _, a in code.bindings],
+                                     "sha256": hashlib.sha256(code.wgsl.encode()).hexdigest()})
+                self.kernel_index[code.wgsl] = len(self.kernels) - 1
+            self.max_bindings = max(self.max_bindings, len(code.bindings))
+            self.max_workgroups = max(self.max_workgroups, *code.workgroups)
+            dispatches.append({"kernel": self.kernel_index[code.wgsl],
+                               "buffers": [buffer_of[s] for s, _ in code.bindings],
+                               "workgroups": list(code.workgroups)})
+        inputs = {n.attr("name"): self.leaf_tensor[n.attr("name")] for n in g.nodes if n.op == "input"}
+        self.programs[name] = {"inputs": inputs, "outputs": outputs, "dispatches": dispatches,
+                               "scratch_peak_bytes": int(peak), **(extra or {})}
+
+    def write(self, meta: dict) -> bytes:
+        blob = safetensors_save(self.blob) if self.blob else safetensors_save({})
+        persistent = sum(self.buffers[t["buffer"]] for t in self.tensors if t["role"] != "output")
+        manifest = {
+            "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "compiler_version": self.version,
+            "requires": {"features": [], "limits": {
+                "max_storage_buffers_per_shader_stage": self.max_bindings,
+                "max_compute_workgroups_per_dimension": self.max_workgroups,
+                "max_storage_buffer_binding_size": max(self.buffers, default=0),
+                "max_buffer_size": max(self.buffers, default=0)}},
+            "buffers": self.buffers, "tensors": self.tensors, "kernels": self.kernels,
+            "programs": self.programs, "blob_sha256": hashlib.sha256(blob).hexdigest(),
+            "memory": {"buffer_bytes": int(sum(self.buffers)), "persistent_bytes": int(persistent)},
+            **meta,
+        }
+        man = msgpack.packb(manifest, use_bin_type=True)
+        body = MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(man)) + man + struct.pack("<Q", len(blob)) + blob
+        return body + hashlib.sha256(body).digest()
+
+
+def _base(g, i):
+    while g.nodes[i].op == "reshape":
+        i = g.nodes[i].inputs[0]
+    return i

@@ -1,0 +1,73 @@
+"""Rewrites that run before scheduling: decompositions, reductions over scattered axes,
+common subexpressions and dead nodes. Each one keeps the interpreter's answer (tests
+check interpreter(before) == interpreter(after) on random inputs).
+"""
+from __future__ import annotations
+
+from .emit import Emitter
+from .ir import Graph, Node
+from .ops import OPS
+
+
+def prepare(graph: Graph) -> Graph:
+    """A new graph holding only ops that have kernels, views, or leaves."""
+    out = Graph(values=dict(graph.values), frozen=set(graph.frozen))
+    e = Emitter(out)
+    remap = {}
+    raw_add = out.add
+    seen = {}  # (op, dtype, shape, inputs, attrs) -> new id: common subexpressions
+
+    def add(node: Node) -> int:
+        key = (node.op, node.dtype, node.shape, node.inputs, node.attrs)
+        if node.op in ("input", "param", "state"):
+            key = (node.op, node.attr("name"))
+        if key not in seen:
+            seen[key] = raw_add(node)
+        return seen[key]
+
+    out.add = add  # route every emitted node through CSE
+    try:
+        for i in graph.live_nodes():
+            n = graph.nodes[i]
+            ins = tuple(remap[j] for j in n.inputs)
+            low = OPS[n.op].lowering
+            if low[0] == "decompose":
+                remap[i] = low[1](e, Node(n.op, n.dtype, n.shape, ins, n.attrs))
+            elif n.op in ("reduce_sum", "reduce_max"):
+                remap[i] = _split_reduce(e, n, ins[0])
+            elif n.op == "reshape" and out.nodes[ins[0]].shape == n.shape:
+                remap[i] = ins[0]
+            elif n.op == "const":
+                remap[i] = e.const(n.attr("value"))
+            else:
+                remap[i] = add(Node(n.op, n.dtype, n.shape, ins, n.attrs))
+    finally:
+        del out.add
+    out.outputs = {k: remap[i] for k, i in graph.outputs.items()}
+    out.assigns = {k: remap[i] for k, i in graph.assigns.items()}
+    # leaves that the program never reads still exist for the package (a frozen weight)
+    for i, n in enumerate(graph.nodes):
+        if n.op in ("input", "param", "state") and i not in remap:
+            add(n)
+    return out
+
+
+def _split_reduce(e: Emitter, n: Node, x: int) -> int:
+    """A reduction over non-adjacent axes becomes one reduction per run of adjacent axes,
+    so each kernel sees [outer, reduced, inner]."""
+    rank = len(e.shape(x))
+    axes = sorted(a % rank for a in n.attr("axes"))
+    runs, cur = [], []
+    for a in axes:
+        if cur and a != cur[-1] + 1:
+            runs.append(cur)
+            cur = []
+        cur.append(a)
+    if cur:
+        runs.append(cur)
+    y = x
+    for run in reversed(runs):  # reduce later axes first; keepdims keeps axis numbers valid
+        y = e.op(n.op, y, axes=tuple(run), keepdims=True)
+    if not runs:
+        y = e.op("broadcast_to", x, shape=e.shape(x))
+    return e.reshape(y, n.shape)

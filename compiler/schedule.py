@@ -1,0 +1,215 @@
+"""Scheduling: which nodes become which kernels, in what order, in which buffers.
+
+1. Elementwise nodes whose users all read them element for element are inlined into
+   their users' expressions; every other value is materialized (a "root").
+2. Elementwise roots of equal size merge into multi-output kernels when no other
+   kernel lies between them (the optimizer's m, v and weight update become one).
+3. Kernels are ordered topologically; a kernel that overwrites a parameter in place
+   (an optimizer update) comes after every kernel that reads the old value.
+4. Buffers: leaves are persistent; the rest share a pool by liveness, per program.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .ir import Graph
+from .ops import OPS
+
+MAX_BINDINGS = 10  # storage buffers per kernel; every wgpu backend on desktop and mobile allows more
+
+
+def is_elementwise(op: str) -> bool:
+    return OPS[op].lowering[0] == "elementwise"
+
+
+def flat_read(graph: Graph, user: int, pos: int) -> bool:
+    """Does `user` read its input `pos` at its own flat index?"""
+    n = graph.nodes[user]
+    if n.op in ("transpose", "one_hot", "broadcast_to"):
+        return False
+    return graph.nodes[n.inputs[pos]].shape == n.shape
+
+
+@dataclass
+class Kernel:
+    kind: str  # "elementwise" or an op's kernel template name
+    roots: list  # node ids this kernel writes
+    members: set = field(default_factory=set)  # all node ids computed here (elementwise)
+    reads: set = field(default_factory=set)  # storage node ids read
+
+
+@dataclass
+class Schedule:
+    graph: Graph
+    storage: dict  # node id -> node id owning its buffer (views, in-place assigns)
+    kernels: list  # in execution order
+    inlined: set
+
+
+def base_of(graph: Graph, i: int) -> int:
+    while graph.nodes[i].op == "reshape":
+        i = graph.nodes[i].inputs[0]
+    return i
+
+
+def schedule(graph: Graph) -> Schedule:
+    nodes = graph.nodes
+    users = graph.users()
+    live = set(graph.live_nodes())
+    pinned = set(graph.outputs.values()) | set(graph.assigns.values())
+
+    # 1. inline elementwise nodes read element for element by elementwise users only
+    inlined = set()
+    for i in sorted(live, reverse=True):
+        n = nodes[i]
+        if not is_elementwise(n.op) or i in pinned or n.op == "const":
+            continue
+        readers = _readers(graph, i, users, live)
+        ok = readers and all(is_elementwise(nodes[u].op) and flat_read(graph, u, p) for u, p in readers)
+        cheap = len({u for u, _ in readers}) == 1 or _cheap(graph, i)
+        if ok and cheap:
+            inlined.add(i)
+
+    # 2. kernels
+    roots = [i for i in sorted(live) if nodes[i].op not in ("input", "param", "state", "const", "reshape")
+             and i not in inlined]
+    kernel_of = {}
+    kernels = []
+    anc_k = []  # kernel index -> bitset of the kernels it depends on, transitively closed
+
+    def bits_of(j):  # what reading materialized value j depends on
+        k = kernel_of.get(j)
+        return 0 if k is None else (1 << k) | anc_k[k]
+
+    for r in roots:
+        n = nodes[r]
+        members = _members(graph, r, inlined) if is_elementwise(n.op) else {r}
+        ext = _external_reads(graph, members)
+        target = None
+        if is_elementwise(n.op):
+            # join a kernel whose output we read, unless another input depends on that kernel
+            for j in sorted(ext, reverse=True):
+                k = kernel_of.get(j)
+                if k is None or kernels[k].kind != "elementwise" or nodes[kernels[k].roots[0]].size != n.size:
+                    continue
+                other = 0
+                for x in ext:
+                    if kernel_of.get(x) != k:
+                        other |= bits_of(x)
+                if (other >> k) & 1:
+                    continue
+                if not all(flat_read(graph, m, p) for m in members
+                           for p, x in enumerate(nodes[m].inputs) if base_of(graph, x) in kernels[k].roots):
+                    continue  # a thread only holds the other outputs at its own index
+                if len((kernels[k].reads | ext) - set(kernels[k].roots)) + len(kernels[k].roots) + 1 > MAX_BINDINGS:
+                    continue
+                target = k
+                break
+        dep = 0
+        for x in ext:
+            dep |= bits_of(x)
+        if target is None:
+            kind = "elementwise" if is_elementwise(n.op) else OPS[n.op].lowering[1]
+            kernels.append(Kernel(kind, []))
+            anc_k.append(0)
+            target = len(kernels) - 1
+        k = kernels[target]
+        k.roots.append(r)
+        k.members |= members
+        k.reads = (k.reads | ext) - set(k.roots)
+        kernel_of[r] = target
+        new = dep & ~(1 << target) & ~anc_k[target]
+        if new:
+            anc_k[target] |= new
+            for kk in range(len(kernels)):  # keep the closure: whoever waits for target waits for these
+                if (anc_k[kk] >> target) & 1:
+                    anc_k[kk] |= new
+
+    # 3. storage: views share their base's buffer; assigns write into their target
+    storage = {}
+    for i in sorted(live):
+        if nodes[i].op == "reshape":
+            storage[i] = storage.get(base_of(graph, i), base_of(graph, i))
+    leaves = {nodes[i].attr("name"): i for i, n in enumerate(nodes) if n.op in ("param", "state")}
+    inplace = {}
+    for name, v in graph.assigns.items():
+        b = base_of(graph, v)
+        if b in kernel_of and kernels[kernel_of[b]].kind == "elementwise" and b not in storage.values() \
+                and b not in graph.outputs.values() and b not in inplace:
+            storage[b] = leaves[name]
+            inplace[b] = leaves[name]
+    order = _order(graph, kernels, kernel_of, inplace)
+    return Schedule(graph, storage, [kernels[k] for k in order], inlined)
+
+
+def _readers(graph, i, users, live):
+    """(user, input position) for every live user, looking through reshapes."""
+    out = []
+    for u in users[i]:
+        if u not in live:
+            continue
+        if graph.nodes[u].op == "reshape":
+            out.extend(_readers(graph, u, users, live))
+        else:
+            out.extend((u, p) for p, j in enumerate(graph.nodes[u].inputs) if j == i)
+    return out
+
+
+def _cheap(graph, i):
+    """One op over leaves or constants: recomputing it in each reader costs nothing."""
+    n = graph.nodes[i]
+    return all(graph.nodes[base_of(graph, j)].op in ("const", "input", "param", "state") for j in n.inputs) \
+        and graph.nodes[i].size <= 1
+
+
+def _members(graph, r, inlined):
+    out, stack = set(), [r]
+    while stack:
+        i = stack.pop()
+        if i in out:
+            continue
+        out.add(i)
+        for j in graph.nodes[i].inputs:
+            b = base_of(graph, j)
+            if b in inlined:
+                stack.append(b)
+    return out
+
+
+def _external_reads(graph, members):
+    ext = set()
+    for i in members:
+        for j in graph.nodes[i].inputs:
+            b = base_of(graph, j)
+            if b not in members and graph.nodes[b].op != "const":
+                ext.add(b)
+    return ext
+
+
+def _order(graph, kernels, kernel_of, inplace):
+    """Topological order of kernels; in-place writers after the readers of old values."""
+    n = len(kernels)
+    deps = [set() for _ in range(n)]
+    for k, ker in enumerate(kernels):
+        for j in ker.reads:
+            if j in kernel_of and kernel_of[j] != k:
+                deps[k].add(kernel_of[j])
+    for root, leaf in inplace.items():
+        w = kernel_of[root]
+        for k, ker in enumerate(kernels):
+            if k != w and leaf in ker.reads:
+                deps[w].add(k)  # write-after-read
+    order, done = [], set()
+    pending = list(range(n))
+    while pending:
+        progress = False
+        for k in list(pending):
+            if deps[k] <= done:
+                order.append(k)
+                done.add(k)
+                pending.remove(k)
+                progress = True
+        if not progress:
+            raise RuntimeError("scheduler found a cycle between kernels (a compiler bug): "
+                               f"{[kernels[k].roots for k in pending]}")
+    return order

@@ -1,0 +1,140 @@
+"""Turns a forward model into one training step: loss, gradients, optimizer update.
+
+The step is data in the same Graph: a `loss` output, and `assigns` that replace each
+trainable parameter and each optimizer state tensor with its updated value. The
+optimizers are plain elementwise nodes, which the scheduler fuses into one update
+kernel per parameter.
+"""
+from __future__ import annotations
+
+import copy
+import fnmatch
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .autodiff import gradients
+from .emit import Emitter
+from .ir import Graph
+
+ROW_MASK = "__row_mask"  # hidden input: 1 for real rows of a batch, 0 for padding
+
+
+@dataclass
+class TrainConfig:
+    loss: str = "cross_entropy"  # or "mse"
+    optimizer: str = "adamw"  # or "sgd"
+    lr: float = 1e-3
+    momentum: float = 0.9  # sgd
+    betas: tuple = (0.9, 0.999)  # adamw
+    eps: float = 1e-8
+    weight_decay: float | None = None  # None: 0.01 for adamw (PyTorch's default), 0 for sgd
+    clip_norm: float | None = None  # clip the global gradient norm, as clip_grad_norm_
+    freeze: list = field(default_factory=list)  # glob patterns of parameter names
+    output: str | None = None  # which model output the loss reads; default: the only one
+
+
+def frozen_names(graph: Graph, patterns) -> set:
+    names = set(graph.params)
+    out = {n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)} | (graph.frozen & names)
+    return out
+
+
+def build_training_graph(forward: Graph, cfg: TrainConfig) -> Graph:
+    if cfg.loss not in ("cross_entropy", "mse"):
+        raise ValueError(f"unknown loss {cfg.loss!r}: use cross_entropy or mse")
+    if cfg.optimizer not in ("sgd", "adamw"):
+        raise ValueError(f"unknown optimizer {cfg.optimizer!r}: use sgd or adamw")
+    g = copy.deepcopy(forward)
+    e = Emitter(g)
+    out_name = cfg.output or _only_output(g)
+    pred = g.outputs[out_name]
+    shape = g.nodes[pred].shape
+    rows = shape[0] if shape else 1
+    if "labels" in g.inputs:
+        raise ValueError("the model already has an input named 'labels'")
+    if cfg.loss == "cross_entropy":
+        if len(shape) != 2:
+            raise ValueError(f"cross_entropy needs [batch, classes] output, '{out_name}' is {list(shape)}")
+        labels = e.leaf("input", "labels", (rows,), "i32")
+    else:
+        labels = e.leaf("input", "labels", shape, "f32")
+    mask = e.leaf("input", ROW_MASK, (rows,), "f32")
+    loss = e.op(cfg.loss, pred, labels, mask)
+    g.outputs = {"loss": loss}
+
+    frozen = frozen_names(g, cfg.freeze)
+    g.frozen = frozen
+    trainable = {n: i for n, i in g.params.items() if n not in frozen}
+    if not trainable:
+        raise ValueError("every parameter is frozen: nothing to train")
+    grads = gradients(e, loss, list(trainable.values()))
+    if cfg.clip_norm is not None:
+        grads = _clip(e, grads, cfg.clip_norm)
+    lr = e.leaf("state", "optimizer.lr", (), "f32", np.float32(cfg.lr))
+    if cfg.optimizer == "sgd":
+        _sgd(e, trainable, grads, lr, cfg)
+    else:
+        _adamw(e, trainable, grads, lr, cfg)
+    return g
+
+
+def _only_output(g: Graph) -> str:
+    if len(g.outputs) != 1:
+        raise ValueError(f"the model has outputs {sorted(g.outputs)}: say which one the loss reads")
+    return next(iter(g.outputs))
+
+
+def _clip(e, grads, max_norm):
+    total = None
+    for gid in grads.values():
+        sq = e.op("reduce_sum", e.op("mul", gid, gid), axes=tuple(range(len(e.shape(gid)))), keepdims=False)
+        total = sq if total is None else e.op("add", total, sq)
+    norm = e.op("sqrt", total)
+    # scale = min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_
+    scale = e.op("div", e.const(max_norm), e.op("add", norm, e.const(1e-6)))
+    scale = e.op("sub", e.const(1.0), e.op("relu", e.op("sub", e.const(1.0), scale)))
+    return {k: e.op("mul", gid, scale) for k, gid in grads.items()}
+
+
+def _sgd(e, params, grads, lr, cfg):
+    wd = cfg.weight_decay or 0.0
+    for name, p in params.items():
+        gr = grads.get(p)
+        if gr is None:
+            continue
+        if wd:
+            gr = e.op("add", gr, e.scale(p, wd))
+        if cfg.momentum:
+            buf = e.leaf("state", f"optimizer.{name}.momentum", e.shape(p))
+            gr = e.op("add", e.scale(buf, cfg.momentum), gr)
+            e.g.assigns[f"optimizer.{name}.momentum"] = gr
+        e.g.assigns[name] = e.op("sub", p, e.op("mul", gr, lr))
+
+
+def _adamw(e, params, grads, lr, cfg):
+    b1, b2 = cfg.betas
+    wd = 0.01 if cfg.weight_decay is None else cfg.weight_decay
+    step = e.leaf("state", "optimizer.step", (), "f32")
+    t = e.op("add", step, e.const(1.0))
+    e.g.assigns["optimizer.step"] = t
+    # bias corrections 1 - beta^t, computed on the GPU from the step counter
+    c1 = e.op("sub", e.const(1.0), e.op("exp", e.scale(t, math.log(b1))))
+    c2 = e.op("sub", e.const(1.0), e.op("exp", e.scale(t, math.log(b2))))
+    step_size = e.op("div", lr, c1)
+    sqrt_c2 = e.op("sqrt", c2)
+    decay = e.op("sub", e.const(1.0), e.scale(lr, wd))
+    for name, p in params.items():
+        gr = grads.get(p)
+        if gr is None:
+            continue
+        m = e.leaf("state", f"optimizer.{name}.exp_avg", e.shape(p))
+        v = e.leaf("state", f"optimizer.{name}.exp_avg_sq", e.shape(p))
+        m2 = e.op("add", e.scale(m, b1), e.scale(gr, 1 - b1))
+        v2 = e.op("add", e.scale(v, b2), e.scale(e.op("mul", gr, gr), 1 - b2))
+        denom = e.op("add", e.op("div", e.op("sqrt", v2), sqrt_c2), e.const(cfg.eps))
+        upd = e.op("mul", e.op("div", m2, denom), step_size)
+        e.g.assigns[name] = e.op("sub", e.op("mul", p, decay), upd)
+        e.g.assigns[f"optimizer.{name}.exp_avg"] = m2
+        e.g.assigns[f"optimizer.{name}.exp_avg_sq"] = v2

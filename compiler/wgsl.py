@@ -1,0 +1,35 @@
+"""WGSL templates: .wgsl files beside this module with {{NAME}} holes, filled by name."""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+_DIR = Path(__file__).parent / "kernels"
+_HOLE = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
+
+
+@lru_cache(maxsize=None)
+def template(name: str) -> str:
+    return (_DIR / f"{name}.wgsl").read_text()
+
+
+def render(name: str, **values) -> str:
+    text = template(name)
+    missing = sorted(set(_HOLE.findall(text)) - set(values))
+    if missing:
+        raise KeyError(f"template {name}.wgsl needs {missing}")
+    return _HOLE.sub(lambda m: str(values[m.group(1)]), text)
+
+
+def f32_literal(v: float) -> str:
+    """A WGSL f32 literal for any finite or infinite value."""
+    v = float(v)
+    if v != v:
+        return "bitcast<f32>(0x7fc00000u)"
+    if v in (float("inf"), float("-inf")):
+        return "bitcast<f32>(0x7f800000u)" if v > 0 else "bitcast<f32>(0xff800000u)"
+    text = repr(v)
+    if "e" not in text and "." not in text:
+        text += ".0"
+    return f"f32({text})"

@@ -1,0 +1,1 @@
+"""meganeura.demos: demo applications (the flagship is demos/dinovision)."""

@@ -1,0 +1,1 @@
+"""meganeura.engine_bridge: hosts, texture<->tensor kernels and the frame scheduler."""

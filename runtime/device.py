@@ -1,0 +1,47 @@
+"""Which wgpu device the runtime uses. Nothing here runs at import time.
+
+With no device given, the runtime joins wgpu's default device, declaring its wishes
+through wgpu.utils.preconfigure_default_device (the convention pygfx uses), so one
+process shares one device between every wgpu library in it.
+"""
+from __future__ import annotations
+
+import os
+
+PREFERRED_FEATURES = {"shader-f16", "subgroup", "subgroups", "timestamp-query", "timestamp-query-inside-passes"}
+
+
+class NoAdapterError(RuntimeError):
+    """No GPU adapter (not even a CPU one like lavapipe) is available."""
+
+
+def default_device():
+    """wgpu's shared default device, preferring the features our kernels can use."""
+    import wgpu
+
+    os.environ.setdefault("XDG_RUNTIME_DIR", _runtime_dir())
+    utils = wgpu.utils
+    if getattr(utils, "_meganeura_configured", False) is False and not _default_exists(utils):
+        try:
+            utils.preconfigure_default_device("meganeura", power_preference="high-performance",
+                                              preferred_features=set(PREFERRED_FEATURES))
+        except Exception:  # the default device already exists: use it as it is
+            pass
+        utils._meganeura_configured = True
+    try:
+        return utils.get_default_device()
+    except RuntimeError as exc:
+        raise NoAdapterError(
+            "no GPU adapter found: install a Vulkan driver (on Debian/Ubuntu: "
+            "apt-get install mesa-vulkan-drivers libvulkan1 for a CPU fallback)") from exc
+
+
+def _default_exists(utils) -> bool:
+    helper = getattr(utils.get_default_device, "__self__", None)
+    return getattr(helper, "_the_device", None) is not None
+
+
+def _runtime_dir() -> str:
+    path = f"/tmp/meganeura-xdg-{os.getuid()}" if hasattr(os, "getuid") else "."
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path

@@ -1,0 +1,284 @@
+"""Loading a package file: every byte is checked before any GPU object exists.
+
+A package is untrusted input. `Package.load` checks the magic, format version,
+lengths and sha256; then every field of the manifest, every index (buffers, kernels,
+tensors) and every size against the others; then the weights blob. Anything wrong
+raises PackageError naming the field.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from pathlib import Path
+
+import msgpack
+import numpy as np
+
+MAGIC = b"MNPK\r\n\x1a\n"
+FORMAT_NAME = "meganeura-package"
+FORMAT_VERSION = 1
+MAX_MANIFEST = 256 << 20
+ROLES = ("input", "param", "state", "output")
+DTYPES = {"f32": np.float32, "i32": np.int32}
+ACCESS = ("read", "read_write")
+
+
+class PackageError(ValueError):
+    """The package file is damaged, from an incompatible compiler, or inconsistent."""
+
+
+def _fail(msg):
+    raise PackageError(msg)
+
+
+def _int(v, where, lo=0, hi=1 << 40):
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        _fail(f"{where}: expected an integer in [{lo}, {hi}], got {v!r:.80}")
+    return v
+
+
+def _str(v, where, max_len=1 << 20):
+    if not isinstance(v, str) or len(v) > max_len:
+        _fail(f"{where}: expected a string, got {type(v).__name__}")
+    return v
+
+
+def _list(v, where, max_len=1 << 20):
+    if not isinstance(v, list) or len(v) > max_len:
+        _fail(f"{where}: expected a list, got {type(v).__name__}")
+    return v
+
+
+def _dict(v, where):
+    if not isinstance(v, dict):
+        _fail(f"{where}: expected a map, got {type(v).__name__}")
+    return v
+
+
+def _key(d, k, where):
+    if k not in d:
+        _fail(f"{where}: missing field {k!r}")
+    return d[k]
+
+
+class Package:
+    """A validated package: the manifest, the weights, and typed views of both."""
+
+    def __init__(self, manifest: dict, weights: dict, raw_size: int = 0):
+        self.manifest = manifest
+        self.weights = weights  # name -> ndarray (params and non-zero initial state)
+        self.raw_size = raw_size
+
+    @classmethod
+    def load(cls, path) -> "Package":
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise PackageError(f"cannot read package {path}: {exc.strerror or exc}") from None
+        return cls.from_bytes(data)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Package":
+        data = bytes(data)
+        if len(data) < len(MAGIC) + 12 + 8 + 32:
+            _fail(f"not a meganeura package: {len(data)} bytes is too short")
+        if data[:8] != MAGIC:
+            _fail("not a meganeura package: wrong magic bytes")
+        version, man_len = struct.unpack_from("<IQ", data, 8)
+        if version != FORMAT_VERSION:
+            _fail(f"package format version {version}; this runtime reads version {FORMAT_VERSION}: "
+                  "recompile the model with a matching meganeura")
+        if man_len > MAX_MANIFEST or 20 + man_len + 8 + 32 > len(data):
+            _fail(f"truncated or damaged package: manifest length {man_len} exceeds the file")
+        (blob_len,) = struct.unpack_from("<Q", data, 20 + man_len)
+        end = 20 + man_len + 8 + blob_len
+        if end + 32 != len(data):
+            _fail(f"truncated or damaged package: expected {end + 32} bytes, file has {len(data)}")
+        if hashlib.sha256(data[:end]).digest() != data[end:]:
+            _fail("damaged package: the checksum does not match the contents")
+        try:
+            manifest = msgpack.unpackb(data[20:20 + man_len], raw=False, strict_map_key=True)
+        except Exception as exc:  # msgpack raises several types for bad bytes
+            raise PackageError(f"damaged manifest: {type(exc).__name__}: {exc}") from None
+        blob = data[20 + man_len + 8:end]
+        validate_manifest(manifest)
+        if hashlib.sha256(blob).hexdigest() != manifest["blob_sha256"]:
+            _fail("damaged weights: blob_sha256 does not match")
+        weights = _load_weights(blob, manifest)
+        return cls(manifest, weights, len(data))
+
+    # typed views
+    @property
+    def programs(self) -> dict:
+        return self.manifest["programs"]
+
+    @property
+    def tensors(self) -> list:
+        return self.manifest["tensors"]
+
+    def tensor(self, name: str, role: str):
+        for t in self.tensors:
+            if t["name"] == name and t["role"] == role:
+                return t
+        return None
+
+    def param_names(self) -> list:
+        return [t["name"] for t in self.tensors if t["role"] == "param"]
+
+    def summary(self) -> str:
+        m = self.manifest
+        lines = [f"meganeura package, format {m['format_version']}, compiler {m['compiler_version']}",
+                 f"  {self.raw_size} bytes; buffers {m['memory']['buffer_bytes']} bytes on the GPU"]
+        params = [t for t in m["tensors"] if t["role"] == "param"]
+        count = sum(int(np.prod(t["shape"], dtype=np.int64)) for t in params)
+        lines.append(f"  parameters: {len(params)} tensors, {count} values")
+        for t in params:
+            lines.append(f"    {t['name']}: {t['dtype']}{t['shape']}")
+        for name, p in m["programs"].items():
+            ins = ", ".join(f"{k}: {m['tensors'][i]['dtype']}{m['tensors'][i]['shape']}"
+                            for k, i in p["inputs"].items() if not k.startswith("__"))
+            outs = ", ".join(f"{k}: {m['tensors'][i]['dtype']}{m['tensors'][i]['shape']}"
+                             for k, i in p["outputs"].items())
+            lines.append(f"  program {name}: {len(p['dispatches'])} dispatches; ({ins}) -> ({outs}); "
+                         f"scratch peak {p['scratch_peak_bytes']} bytes")
+        lines.append(f"  kernels: {len(m['kernels'])} distinct")
+        if m.get("training"):
+            t = m["training"]
+            lines.append(f"  training: loss {t['loss']}, optimizer {t['optimizer']}, lr {t['lr']}, "
+                         f"frozen {len(t['frozen'])} tensors")
+        if m.get("batch"):
+            lines.append(f"  batch size: {m['batch']['size']}")
+        return "\n".join(lines)
+
+
+def validate_manifest(m) -> None:
+    """Check every field, index and size; raise PackageError naming the first problem."""
+    _dict(m, "manifest")
+    if _key(m, "format", "manifest") != FORMAT_NAME:
+        _fail(f"not a meganeura package: format is {m['format']!r:.40}")
+    if _key(m, "format_version", "manifest") != FORMAT_VERSION:
+        _fail(f"manifest format_version {m['format_version']!r:.20} != {FORMAT_VERSION}")
+    _str(_key(m, "compiler_version", "manifest"), "compiler_version", 64)
+    _str(_key(m, "blob_sha256", "manifest"), "blob_sha256", 64)
+    buffers = _list(_key(m, "buffers", "manifest"), "buffers")
+    for i, b in enumerate(buffers):
+        _int(b, f"buffers[{i}]", 4, 1 << 40)
+        if b % 4:
+            _fail(f"buffers[{i}]: size {b} is not a multiple of 4")
+    nbuf = len(buffers)
+    tensors = _list(_key(m, "tensors", "manifest"), "tensors")
+    leaf_names = set()
+    for i, t in enumerate(tensors):
+        w = f"tensors[{i}]"
+        _dict(t, w)
+        name = _str(_key(t, "name", w), f"{w}.name", 512)
+        role = _key(t, "role", w)
+        if role not in ROLES:
+            _fail(f"{w}.role: {role!r:.40} is not one of {ROLES}")
+        if _key(t, "dtype", w) not in DTYPES:
+            _fail(f"{w}.dtype: {t['dtype']!r:.40} is not one of {tuple(DTYPES)}")
+        shape = _list(_key(t, "shape", w), f"{w}.shape", 8)
+        for d in shape:
+            _int(d, f"{w}.shape", 0, 1 << 32)
+        size = int(np.prod(shape, dtype=np.int64)) * 4
+        b = _int(_key(t, "buffer", w), f"{w}.buffer", 0, nbuf - 1 if nbuf else -1)
+        if size > buffers[b]:
+            _fail(f"{w} ({name}): {size} bytes do not fit buffer {b} of {buffers[b]} bytes")
+        if role != "output":
+            if name in leaf_names:
+                _fail(f"{w}: tensor name {name!r} appears twice")
+            leaf_names.add(name)
+            if t.get("init") not in ("zeros", "blob"):
+                _fail(f"{w}.init: {t.get('init')!r:.20} is not 'zeros' or 'blob'")
+            if role == "input" and t["init"] != "zeros":
+                _fail(f"{w}: an input cannot carry initial data")
+        else:
+            _str(_key(t, "program", w), f"{w}.program", 64)
+    kernels = _list(_key(m, "kernels", "manifest"), "kernels", 1 << 16)
+    for i, k in enumerate(kernels):
+        w = f"kernels[{i}]"
+        _dict(k, w)
+        _str(_key(k, "wgsl", w), f"{w}.wgsl", 1 << 22)
+        _str(_key(k, "entry", w), f"{w}.entry", 64)
+        _str(k.get("label", ""), f"{w}.label", 256)
+        ws = _list(_key(k, "workgroup_size", w), f"{w}.workgroup_size", 3)
+        if len(ws) != 3:
+            _fail(f"{w}.workgroup_size: needs 3 numbers")
+        for d in ws:
+            _int(d, f"{w}.workgroup_size", 1, 1024)
+        access = _list(_key(k, "access", w), f"{w}.access", 64)
+        for a in access:
+            if a not in ACCESS:
+                _fail(f"{w}.access: {a!r:.20} is not one of {ACCESS}")
+        if hashlib.sha256(k["wgsl"].encode()).hexdigest() != _key(k, "sha256", w):
+            _fail(f"{w}: WGSL text does not match its sha256")
+    programs = _dict(_key(m, "programs", "manifest"), "programs")
+    if "infer" not in programs:
+        _fail("programs: no 'infer' program")
+    for pname, p in programs.items():
+        w = f"programs[{pname!r:.40}]"
+        _str(pname, w, 64)
+        _dict(p, w)
+        for kind, role in (("inputs", "input"), ("outputs", "output")):
+            d = _dict(_key(p, kind, w), f"{w}.{kind}")
+            for k, ti in d.items():
+                _str(k, f"{w}.{kind}", 512)
+                _int(ti, f"{w}.{kind}[{k!r:.40}]", 0, len(tensors) - 1 if tensors else -1)
+                if tensors[ti]["role"] != role or tensors[ti]["name"] != k:
+                    _fail(f"{w}.{kind}[{k!r:.40}]: tensor {ti} is not the {role} {k!r:.40}")
+        _int(_key(p, "scratch_peak_bytes", w), f"{w}.scratch_peak_bytes")
+        if "row_mask" in p and p["row_mask"] not in p["inputs"]:
+            _fail(f"{w}.row_mask names no input")
+        for j, d in enumerate(_list(_key(p, "dispatches", w), f"{w}.dispatches", 1 << 20)):
+            dw = f"{w}.dispatches[{j}]"
+            _dict(d, dw)
+            k = _int(_key(d, "kernel", dw), f"{dw}.kernel", 0, len(kernels) - 1 if kernels else -1)
+            bufs = _list(_key(d, "buffers", dw), f"{dw}.buffers", 64)
+            if len(bufs) != len(kernels[k]["access"]):
+                _fail(f"{dw}: {len(bufs)} buffers for a kernel with {len(kernels[k]['access'])} bindings")
+            for bi in bufs:
+                _int(bi, f"{dw}.buffers", 0, nbuf - 1 if nbuf else -1)
+            writes = [bi for bi, a in zip(bufs, kernels[k]["access"]) if a == "read_write"]
+            if len(set(writes)) != len(writes) or set(writes) & (set(bufs) - set(writes)) \
+                    or len(bufs) - len(writes) < len([b for b in bufs if b not in writes]):
+                _fail(f"{dw}: a buffer is bound for writing twice, or for reading and writing")
+            wg = _list(_key(d, "workgroups", dw), f"{dw}.workgroups", 3)
+            if len(wg) != 3:
+                _fail(f"{dw}.workgroups: needs 3 numbers")
+            for n in wg:
+                _int(n, f"{dw}.workgroups", 0, 1 << 31)
+    _dict(_key(m, "memory", "manifest"), "memory")
+    req = _dict(_key(m, "requires", "manifest"), "requires")
+    _list(_key(req, "features", "requires"), "requires.features", 64)
+    for k, v in _dict(_key(req, "limits", "requires"), "requires.limits").items():
+        _str(k, "requires.limits", 128)
+        _int(v, f"requires.limits[{k!r:.40}]")
+    batch = m.get("batch")
+    if batch is not None:
+        _int(_key(_dict(batch, "batch"), "size", "batch"), "batch.size", 1, 1 << 31)
+    train = m.get("training")
+    if train is not None:
+        _dict(train, "training")
+        if "train_step" not in programs:
+            _fail("training: no 'train_step' program")
+
+
+def _load_weights(blob: bytes, m: dict) -> dict:
+    from safetensors.numpy import load as st_load
+
+    try:
+        weights = st_load(blob) if blob else {}
+    except Exception as exc:  # safetensors raises its own error types
+        raise PackageError(f"damaged weights: {exc}") from None
+    for i, t in enumerate(m["tensors"]):
+        if t["role"] == "output" or t["init"] != "blob":
+            continue
+        w = weights.get(t["name"])
+        if w is None:
+            _fail(f"tensors[{i}] ({t['name']}): no weights in the package")
+        if t["shape"] == [] and w.shape == (1,):
+            w = weights[t["name"]] = w.reshape(())  # safetensors stores scalars as [1]
+        if list(w.shape) != list(t["shape"]) or w.dtype != DTYPES[t["dtype"]]:
+            _fail(f"tensors[{i}] ({t['name']}): weights are {w.dtype}{list(w.shape)}, "
+                  f"the manifest says {t['dtype']}{t['shape']}")
+    return weights
