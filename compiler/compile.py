@@ -49,3 +49,13 @@ def _batch_info(model: Model) -> dict | None:
     if not firsts or None in firsts or len(set(firsts)) != 1:
         return None
     return {"size": int(firsts[0])}
+
+
+def compile_graph(graph, program: str = "infer") -> bytes:
+    """Compile a raw Graph (any outputs, e.g. gradients made with autodiff.gradients)
+    into a package whose one program runs it. Used by tests and tools."""
+    pb = PackageBuilder(__version__)
+    pb.add_program(program, schedule(prepare(graph)))
+    if program != "infer":
+        pb.add_program("infer", schedule(prepare(graph)))
+    return pb.write({"source": {"kind": "graph"}, "batch": None})

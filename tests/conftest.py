@@ -1,0 +1,50 @@
+"""Shared fixtures. GPU tests run on whatever adapter wgpu finds (lavapipe in CI).
+
+Under MEGANEURA_REQUIRE_GPU=1 (set by .ci/run) a missing adapter fails the tests;
+it never skips them quietly.
+"""
+import os
+import tempfile
+
+import pytest
+
+if not os.path.isdir(os.environ.get("XDG_RUNTIME_DIR", "")):  # before wgpu loads
+    os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="meganeura-xdg-")
+REQUIRE_GPU = os.environ.get("MEGANEURA_REQUIRE_GPU") == "1"
+
+
+@pytest.fixture(scope="session")
+def device():
+    """The shared default device, as the runtime gets it with Session(None, ...)."""
+    import wgpu
+
+    from meganeura.runtime.device import default_device
+
+    try:
+        dev = default_device()
+        backend = dev.adapter.info["backend_type"]
+    except Exception as exc:  # no adapter at all
+        dev, backend, why = None, None, f"{type(exc).__name__}: {exc}"
+    if dev is not None and backend not in ("Vulkan", "Metal", "D3D12"):
+        why = f"only a {backend} adapter"  # wgpu's GL fallback is not what we ship on
+        dev = None
+    if dev is None:
+        msg = f"no wgpu GPU adapter ({why}); install mesa-vulkan-drivers libvulkan1"
+        if REQUIRE_GPU:
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    assert isinstance(dev, wgpu.GPUDevice)
+    return dev
+
+
+@pytest.fixture(scope="session")
+def run_on_gpu(device):
+    """run_on_gpu(graph, inputs) -> outputs: compile a Graph and run it on the device."""
+    from meganeura.compiler import compile_graph
+    from meganeura.runtime import Package, Session
+
+    def run(graph, inputs):
+        session = Session(device, Package.from_bytes(compile_graph(graph)))
+        return session.run("infer", inputs)
+
+    return run
