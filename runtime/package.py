@@ -239,8 +239,7 @@ def validate_manifest(m) -> None:
             for bi in bufs:
                 _int(bi, f"{dw}.buffers", 0, nbuf - 1 if nbuf else -1)
             writes = [bi for bi, a in zip(bufs, kernels[k]["access"]) if a == "read_write"]
-            if len(set(writes)) != len(writes) or set(writes) & (set(bufs) - set(writes)) \
-                    or len(bufs) - len(writes) < len([b for b in bufs if b not in writes]):
+            if any(bufs.count(bi) != 1 for bi in writes):
                 _fail(f"{dw}: a buffer is bound for writing twice, or for reading and writing")
             wg = _list(_key(d, "workgroups", dw), f"{dw}.workgroups", 3)
             if len(wg) != 3:
