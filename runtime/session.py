@@ -189,6 +189,12 @@ class Session:
                                      "check the inputs and the learning rate")
         return out
 
+    def readback(self, program: str, output: str, depth: int = 3):
+        """A non-blocking reader of one output (see runtime/readback.py)."""
+        from .readback import Readback
+
+        return Readback(self, program, output, depth)
+
     # ---------------------------------------------------------------- weights
     def read_tensor(self, name: str, role: str = "param") -> np.ndarray:
         t = self.package.tensor(name, role)

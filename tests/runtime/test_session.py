@@ -1,0 +1,151 @@
+"""Session: running, recording into the host's encoder, readback without stalls, weights."""
+import time
+
+import numpy as np
+import pytest
+
+from meganeura.compiler import Builder, TrainConfig, compile_model, run_graph
+from meganeura.compiler.training import build_training_graph
+from meganeura.runtime import Package, Session
+
+
+def mlp(batch=16, seed=0):
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    x = b.input("x", (batch, 12))
+    h = b.gelu(b.linear(x, b.param("fc1.weight", rng.standard_normal((20, 12)) * 0.3),
+                        b.param("fc1.bias", rng.standard_normal(20) * 0.1)))
+    b.output("logits", b.linear(h, b.param("fc2.weight", rng.standard_normal((7, 20)) * 0.3),
+                                b.param("fc2.bias", rng.standard_normal(7) * 0.1)))
+    return b.build()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return mlp()
+
+
+@pytest.fixture(scope="module")
+def package(model):
+    return Package.from_bytes(compile_model(model, TrainConfig(optimizer="adamw", lr=0.01)))
+
+
+def rel(a, b):
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def test_train_steps_match_the_interpreter(device, model, package):
+    session = Session(device, package)
+    tg = build_training_graph(model.graph, TrainConfig(optimizer="adamw", lr=0.01))
+    rng = np.random.default_rng(1)
+    values = {}
+    for step in range(4):
+        x = rng.standard_normal((16, 12)).astype(np.float32)
+        y = rng.integers(0, 7, 16)
+        got = session.run("train_step", {"x": x, "labels": y})
+        ref, assigned = run_graph(tg, {"x": x, "labels": y, "__row_mask": np.ones(16)}, np.float64, values)
+        values.update(assigned)
+        assert rel(got["loss"], ref["loss"]) < 1e-4, step
+    for name, w in session.weights().items():
+        assert rel(w, values[name]) < 1e-4, name
+
+
+def test_partial_batch_is_masked_and_large_infer_batch_is_split(device, model, package):
+    session = Session(device, package)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((37, 12)).astype(np.float32)  # more than two compiled batches
+    ref = run_graph(model.graph, {"x": np.concatenate([x[:16]])}, np.float64)[0]["logits"]
+    out = session.run("infer", {"x": x})["logits"]
+    assert out.shape == (37, 7)
+    assert rel(out[:16], ref) < 1e-4
+    ref_tail = run_graph(model.graph, {"x": np.concatenate([x[32:], np.zeros((11, 12))])}, np.float64)[0]["logits"]
+    assert rel(out[32:], ref_tail[:5]) < 1e-4
+    # a partial training batch equals the interpreter with the padded rows masked out
+    tg = build_training_graph(model.graph, TrainConfig(optimizer="adamw", lr=0.01))
+    y = rng.integers(0, 7, 5)
+    before = session.weights()
+    got = session.run("train_step", {"x": x[:5], "labels": y})["loss"]
+    mask = np.r_[np.ones(5), np.zeros(11)]
+    pad_x = np.concatenate([x[:5], np.zeros((11, 12))])
+    pad_y = np.r_[y, np.zeros(11, int)]
+    ref = run_graph(tg, {"x": pad_x, "labels": pad_y, "__row_mask": mask}, np.float64, before)[0]["loss"]
+    assert rel(got, ref) < 1e-4
+    with pytest.raises(ValueError, match="compiled for batches of 16"):
+        session.run("train_step", {"x": x, "labels": rng.integers(0, 7, 37)})
+
+
+def test_bad_inputs_get_clear_errors(device, package):
+    session = Session(device, package)
+    x = np.zeros((16, 12), np.float32)
+    with pytest.raises(ValueError, match="missing inputs.*labels"):
+        session.run("train_step", {"x": x})
+    with pytest.raises(ValueError, match="unknown inputs"):
+        session.run("infer", {"x": x, "y": x})
+    with pytest.raises(ValueError, match=r"input 'x' has shape \[16, 11\]"):
+        session.run("infer", {"x": np.zeros((16, 11))})
+    with pytest.raises(TypeError, match="integers"):
+        session.run("train_step", {"x": x, "labels": np.zeros(16, np.float32)})
+    with pytest.raises(KeyError, match="no program 'train'"):
+        session.run("train", {"x": x})
+    for dtype in (np.int8, np.uint8, np.int16, np.int64, np.uint32):  # any integer dtype
+        assert np.isfinite(session.run("train_step", {"x": x, "labels": np.arange(16).astype(dtype) % 7})["loss"])
+
+
+def test_nan_loss_is_reported(device, package):
+    session = Session(device, package)
+    x = np.full((16, 12), np.nan, np.float32)
+    with pytest.raises(FloatingPointError, match="not finite"):
+        session.run("train_step", {"x": x, "labels": np.zeros(16, np.int64)})
+
+
+def test_save_and_load_weights_by_source_names(device, package, tmp_path):
+    from safetensors.numpy import load_file
+
+    session = Session(device, package)
+    rng = np.random.default_rng(3)
+    for _ in range(2):
+        session.run("train_step", {"x": rng.standard_normal((16, 12)), "labels": rng.integers(0, 7, 16)})
+    session.save_weights(tmp_path / "w.safetensors")
+    saved = load_file(str(tmp_path / "w.safetensors"))
+    assert sorted(saved) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
+    fresh = Session(device, package)
+    x = rng.standard_normal((16, 12)).astype(np.float32)
+    assert rel(fresh.run("infer", {"x": x})["logits"], session.run("infer", {"x": x})["logits"]) > 1e-3
+    fresh.load_weights(tmp_path / "w.safetensors")
+    assert rel(fresh.run("infer", {"x": x})["logits"], session.run("infer", {"x": x})["logits"]) < 1e-6
+    bad = dict(saved)
+    bad["fc1.weight"] = np.zeros((3, 3), np.float32)
+    with pytest.raises(ValueError, match="fc1.weight"):
+        fresh.set_weights(bad)
+    assert rel(fresh.weights()["fc2.bias"], saved["fc2.bias"]) == 0  # a failed load changed nothing
+
+
+def test_record_into_host_encoder_and_readback_never_waits(device, model, package):
+    session = Session(device, package)
+    x = np.random.default_rng(4).standard_normal((16, 12)).astype(np.float32)
+    ref = session.run("infer", {"x": x})["logits"]
+    rb = session.readback("infer", "logits", depth=2)
+    got, frames, worst = None, 0, 0.0
+    while got is None and frames < 500:
+        t = time.perf_counter()
+        session.write_inputs("infer", {"x": x})
+        enc = device.create_command_encoder()
+        half = session.dispatch_count("infer") // 2
+        session.record(enc, "infer", 0, half)  # a program split across two passes
+        session.record(enc, "infer", half)
+        rb.record(enc)
+        device.queue.submit([enc.finish()])
+        rb.submitted()
+        got = rb.poll()
+        worst = max(worst, time.perf_counter() - t)
+        frames += 1
+    assert got is not None
+    assert rel(got[1], ref) < 1e-6
+    assert got[0] >= 1 and rb.pending == 0
+    # with both slots in flight, record() skips instead of waiting
+    for _ in range(3):
+        enc = device.create_command_encoder()
+        rb.record(enc)
+        device.queue.submit([enc.finish()])
+        rb.submitted()
+    assert rb.skipped >= 1
