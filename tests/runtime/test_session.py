@@ -141,7 +141,7 @@ def test_record_into_host_encoder_and_readback_never_waits(device, model, packag
         frames += 1
     assert got is not None
     assert rel(got[1], ref) < 1e-6
-    assert got[0] >= 1 and rb.pending == 0
+    assert 1 <= got[0] <= frames and rb.pending <= 2
     # with both slots in flight, record() skips instead of waiting
     for _ in range(3):
         enc = device.create_command_encoder()
