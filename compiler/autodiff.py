@@ -1,7 +1,7 @@
 """Reverse-mode autodiff on the Graph: gradients are more nodes of the same graph.
 
-Only nodes that lie on a path from a trainable parameter to the loss get gradient
-work, so frozen parameters (and everything that depends only on them) cost nothing.
+Only nodes that lie on a path from a wanted input to the output get gradient work, so
+frozen parameters (and everything that depends only on them) cost nothing.
 """
 from __future__ import annotations
 
@@ -12,24 +12,27 @@ from .ops import NOT_DIFFERENTIABLE, OPS
 def gradients(e: Emitter, loss: int, wrt: list) -> dict:
     """Adds gradient nodes of scalar `loss` with respect to node ids `wrt`.
 
-    Returns node id -> gradient node id (only for ids in `wrt`).
+    Returns node id -> gradient node id (only for ids in `wrt` that the loss depends on).
     """
+    if e.g.nodes[loss].shape != ():
+        raise ValueError(f"the loss must be a scalar, got shape {e.g.nodes[loss].shape}")
+    return vjp(e, loss, e.const(1.0), wrt)
+
+
+def vjp(e: Emitter, out: int, cotangent: int, wrt: list) -> dict:
+    """The vector-Jacobian product: gradients of sum(out * cotangent) w.r.t. `wrt`."""
     g = e.g
-    if g.nodes[loss].shape != ():
-        raise ValueError(f"the loss must be a scalar, got shape {g.nodes[loss].shape}")
-    # forward sweep: which nodes depend on something we differentiate for
-    needs = [False] * (loss + 1)
+    needs = [False] * (out + 1)
     wanted = set(wrt)
-    for i in range(loss + 1):
+    for i in range(out + 1):
         n = g.nodes[i]
         needs[i] = i in wanted or (n.op not in NOT_DIFFERENTIABLE and any(needs[j] for j in n.inputs))
-    if not needs[loss]:
+    if not needs[out]:
         return {}
-    # backward sweep, accumulating one gradient per node
-    grad = {loss: e.const(1.0)}
-    for i in range(loss, -1, -1):
-        if i not in grad or not needs[i]:
-            continue
+    grad = {out: cotangent}
+    for i in range(out, -1, -1):
+        if i not in grad or not needs[i] or i in wanted:
+            continue  # wanted nodes are where the sweep stops: their gradient is the answer
         n = g.nodes[i]
         if not n.inputs:
             continue
@@ -44,3 +47,17 @@ def gradients(e: Emitter, loss: int, wrt: list) -> dict:
                 continue
             grad[j] = gj if j not in grad else e.op("add", grad[j], gj)
     return {w: grad[w] for w in wrt if w in grad}
+
+
+def grad_via_decomposition(e: Emitter, n, i: int, g: int) -> list:
+    """The gradient rule of an op that lowers by decomposition: differentiate the
+    decomposition itself. (The forward pieces it re-emits are merged with the forward
+    pass's by common-subexpression elimination.)"""
+    decompose = OPS[n.op].lowering[1]
+    start = len(e.g.nodes)
+    out = decompose(e, n)
+    if out < start:  # the decomposition returned an existing node (an identity)
+        return [g if j == out else None for j in n.inputs]
+    # differentiate only w.r.t. the op's own inputs, through the new nodes
+    grads = vjp(e, out, g, list(n.inputs))
+    return [grads.get(j) for j in n.inputs]

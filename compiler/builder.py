@@ -79,6 +79,10 @@ class Builder:
             self.g.frozen.add(name)
         return Tensor(self, self.e.leaf("param", name, value.shape, "f32", value))
 
+    def constant(self, value) -> Tensor:
+        """A constant tensor: part of the model, never trained nor saved as a weight."""
+        return Tensor(self, self.e.constant(value))
+
     def const(self, value: float) -> Tensor:
         return Tensor(self, self.e.const(value))
 

@@ -200,6 +200,33 @@ def _softmax(sched: Schedule, k: Kernel) -> KernelCode:
     return KernelCode(wgsl, (64, 1, 1), bind.list(), grid(rows), n.op)
 
 
+INNER = "\n".join(
+    f"        let a{kk} = a_tile[{kk * 16}u + lid.y];\n        let b{kk} = b_tile[{kk * 16}u + lid.x];\n"
+    + "\n".join(f"        acc{r} = acc{r} + a{kk}.{c} * b{kk};" for r, c in enumerate("xyzw"))
+    for kk in range(16))
+
+
+def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, load_b: str, store: str,
+          label: str, names=("a", "b", "c")) -> KernelCode:
+    """An implicit-GEMM kernel from WGSL bodies of load_a(g, m, k), load_b(g, k, n), store(g, m, n, v)."""
+    wgsl = render("igemm", BINDINGS=bind.decls(list(names)), M=m, N=n, K=k, LOAD_A=load_a, LOAD_B=load_b,
+                  STORE=store, INNER_LOOP=INNER)
+    return KernelCode(wgsl, (16, 16, 1), bind.list(), (-(-n // 64), -(-m // 64), groups), label)
+
+
+def _batch_offset(batch_shape, src_shape, var):
+    """WGSL for the element offset of batch `g` within an operand with (broadcast) batch dims."""
+    terms = []
+    bst = _strides(batch_shape)
+    lead = len(batch_shape) - (len(src_shape) - 2)
+    sst = _strides(src_shape)
+    for d in range(len(batch_shape)):
+        if batch_shape[d] == 1 or d < lead or src_shape[d - lead] == 1:
+            continue
+        terms.append(f"((g / {bst[d]}u) % {batch_shape[d]}u) * {sst[d - lead]}u")
+    return f"    let {var} = {' + '.join(terms) if terms else '0u'};"
+
+
 def _matmul(sched: Schedule, k: Kernel) -> KernelCode:
     g = sched.graph
     r = k.roots[0]
@@ -211,29 +238,12 @@ def _matmul(sched: Schedule, k: Kernel) -> KernelCode:
     sam, sak = (1, a.shape[-1]) if ta else (a.shape[-1], 1)
     sbk, sbn = (1, b.shape[-1]) if tb else (b.shape[-1], 1)
     batch_shape = n.shape[:-2]
-    lines = ["    var a_off = 0u;", "    var b_off = 0u;", f"    let c_off = batch * {m_ * n_}u;"]
-    bst = _strides(batch_shape)
-    for d in range(len(batch_shape)):
-        if batch_shape[d] == 1:
-            continue
-        lines.append(f"    let bc{d} = (batch / {bst[d]}u) % {batch_shape[d]}u;")
-        for name, src in (("a_off", a), ("b_off", b)):
-            lead = len(batch_shape) - (len(src.shape) - 2)
-            if d < lead or src.shape[d - lead] == 1:
-                continue
-            stride = _strides(src.shape)[d - lead]
-            lines.append(f"    {name} = {name} + bc{d} * {stride}u;")
-    inner = []
-    for kk in range(16):
-        inner.append(f"        let a{kk} = a_tile[{kk * 16}u + lid.y];")
-        inner.append(f"        let b{kk} = b_tile[{kk * 16}u + lid.x];")
-        for rr, comp in enumerate("xyzw"):
-            inner.append(f"        acc{rr} = acc{rr} + a{kk}.{comp} * b{kk};")
     bind = _Bindings(g, sched.storage)
     bind.use(base_of(g, n.inputs[0]), own=True)
     bind.use(base_of(g, n.inputs[1]), own=True)
     bind.use(r, write=True, own=True)
-    wgsl = render("matmul", BINDINGS=bind.decls(["a", "b", "c"]), M=m_, N=n_, K=k_, SAM=sam, SAK=sak,
-                  SBK=sbk, SBN=sbn, BATCH_OFFSETS="\n".join(lines), INNER_LOOP="\n".join(inner))
+    load_a = _batch_offset(batch_shape, a.shape, "off") + f"\n    return a[off + m * {sam}u + k * {sak}u];"
+    load_b = _batch_offset(batch_shape, b.shape, "off") + f"\n    return b[off + k * {sbk}u + n * {sbn}u];"
+    store = f"    c[g * {m_ * n_}u + m * {n_}u + n] = v;"
     batches = int(np.prod(batch_shape, dtype=np.int64))
-    return KernelCode(wgsl, (16, 16, 1), bind.list(), (-(-n_ // 64), -(-m_ // 64), batches), "matmul")
+    return igemm(bind, m_, n_, k_, batches, load_a, load_b, store, "matmul")

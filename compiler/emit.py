@@ -48,6 +48,20 @@ class Emitter:
             self.g.values[name] = np.asarray(value)
         return self.g.add(Node(op, dtype, tuple(int(d) for d in shape), (), make_attrs(name=name)))
 
+    def constant(self, value, name: str | None = None) -> int:
+        """A constant tensor (interpolation matrices, masks, RoPE tables), stored in the
+        package like a frozen weight but never saved as one. Shared by content."""
+        import hashlib
+
+        value = np.ascontiguousarray(value, dtype=np.float32)
+        key = hashlib.sha1(value.tobytes() + str(value.shape).encode()).hexdigest()[:16]
+        if name is None:
+            name = f"constant.{key}"
+        existing = self.g.leaves("constant").get(name)
+        if existing is not None:
+            return existing
+        return self.leaf("constant", name, value.shape, "f32", value)
+
     def const(self, value: float) -> int:
         """A scalar constant, shared by value."""
         value = float(value)

@@ -22,7 +22,7 @@ def run_graph(graph: Graph, inputs: dict, dtype=np.float64, values: dict | None 
     env = [None] * len(graph.nodes)
     for i in graph.live_nodes() if not keep_all else range(len(graph.nodes)):
         n = graph.nodes[i]
-        if n.op in ("input", "param", "state"):
+        if n.op in ("input", "param", "state", "constant"):
             name = n.attr("name")
             if n.op == "input":
                 if name not in inputs:
@@ -32,6 +32,8 @@ def run_graph(graph: Graph, inputs: dict, dtype=np.float64, values: dict | None 
                 v = np.asarray(values[name])
             elif n.op == "state":
                 v = np.zeros(n.shape)
+            elif n.op == "constant":
+                raise KeyError(f"no value for constant {name!r}")
             else:
                 raise KeyError(f"no value for parameter {name!r}")
             v = v.astype(np.int32 if n.dtype == "i32" else fdt)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-LEAF_OPS = ("input", "param", "state", "const")
+LEAF_OPS = ("input", "param", "state", "constant", "const")
+NAMED_LEAVES = ("input", "param", "state", "constant")  # leaves that own a buffer
 DTYPES = ("f32", "i32")
 
 

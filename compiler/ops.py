@@ -371,7 +371,7 @@ def _d_mse(e, n):
 
 # ----------------------------------------------------------------- the table
 EW = "elementwise"
-for _name in ("input", "param", "state", "const"):
+for _name in ("input", "param", "state", "constant", "const"):
     row(_name, _leaf_shape, None, None, ("leaf",))
 
 row("add", _broadcast, lambda xs, at: xs[0] + xs[1], _g_add, (EW, "({0} + {1})"))
@@ -416,4 +416,4 @@ row("log_softmax", _row_shape, lambda xs, at: _log_softmax(xs[0]), _g_log_softma
 row("cross_entropy", _cross_entropy_shape, _cross_entropy_ref, _g_cross_entropy, ("decompose", _d_cross_entropy))
 row("mse", _mse_shape, _mse_ref, _g_mse, ("decompose", _d_mse))
 
-NOT_DIFFERENTIABLE = {"input", "param", "state", "const", "eq", "step", "gelu_grad", "cast", "one_hot"}
+NOT_DIFFERENTIABLE = {"input", "param", "state", "constant", "const", "eq", "step", "gelu_grad", "cast", "one_hot"}

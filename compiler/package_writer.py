@@ -53,10 +53,10 @@ class PackageBuilder:
             return self.leaf_tensor[name]
         entry = {"name": name, "role": role, "dtype": node.dtype, "shape": list(node.shape),
                  "buffer": self._buffer(nbytes(node)), "init": "zeros"}
-        if role in ("param", "state") and value is not None and (role == "param" or np.any(value)):
+        if role in ("param", "state", "constant") and value is not None and (role != "state" or np.any(value)):
             self.blob[name] = np.ascontiguousarray(value, dtype=np.float32)
             entry["init"] = "blob"
-        elif role == "param":
+        elif role in ("param", "constant"):
             raise ValueError(f"parameter {name!r} has no value")
         self.tensors.append(entry)
         self.leaf_tensor[name] = len(self.tensors) - 1
@@ -67,7 +67,7 @@ class PackageBuilder:
         codes = [generate(sched, k) for k in sched.kernels]
         buffer_of = {}  # storage node id -> buffer
         for i, n in enumerate(g.nodes):
-            if n.op in ("input", "param", "state"):
+            if n.op in ("input", "param", "state", "constant"):
                 buffer_of[i] = self.tensors[self._leaf(n, g.values.get(n.attr("name")))]["buffer"]
         # liveness of every other storage, in kernel order
         first, last = {}, {}

@@ -19,7 +19,7 @@ def prepare(graph: Graph) -> Graph:
 
     def add(node: Node) -> int:
         key = (node.op, node.dtype, node.shape, node.inputs, node.attrs)
-        if node.op in ("input", "param", "state"):
+        if node.op in ("input", "param", "state", "constant"):
             key = (node.op, node.attr("name"))
         if key not in seen:
             seen[key] = raw_add(node)
@@ -47,7 +47,7 @@ def prepare(graph: Graph) -> Graph:
     out.assigns = {k: remap[i] for k, i in graph.assigns.items()}
     # leaves that the program never reads still exist for the package (a frozen weight)
     for i, n in enumerate(graph.nodes):
-        if n.op in ("input", "param", "state") and i not in remap:
+        if n.op in ("input", "param", "state", "constant") and i not in remap:
             add(n)
     return out
 

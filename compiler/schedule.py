@@ -71,7 +71,7 @@ def schedule(graph: Graph) -> Schedule:
             inlined.add(i)
 
     # 2. kernels
-    roots = [i for i in sorted(live) if nodes[i].op not in ("input", "param", "state", "const", "reshape")
+    roots = [i for i in sorted(live) if nodes[i].op not in ("input", "param", "state", "constant", "const", "reshape")
              and i not in inlined]
     kernel_of = {}
     kernels = []
@@ -158,7 +158,7 @@ def _readers(graph, i, users, live):
 def _cheap(graph, i):
     """One op over leaves or constants: recomputing it in each reader costs nothing."""
     n = graph.nodes[i]
-    return all(graph.nodes[base_of(graph, j)].op in ("const", "input", "param", "state") for j in n.inputs) \
+    return all(graph.nodes[base_of(graph, j)].op in ("const", "input", "param", "state", "constant") for j in n.inputs) \
         and graph.nodes[i].size <= 1
 
 

@@ -18,7 +18,7 @@ MAGIC = b"MNPK\r\n\x1a\n"
 FORMAT_NAME = "meganeura-package"
 FORMAT_VERSION = 1
 MAX_MANIFEST = 256 << 20
-ROLES = ("input", "param", "state", "output")
+ROLES = ("input", "param", "state", "constant", "output")
 DTYPES = {"f32": np.float32, "i32": np.int32}
 ACCESS = ("read", "read_write")
 

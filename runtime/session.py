@@ -42,7 +42,7 @@ class Session:
         self.buffers = [dev.create_buffer(size=size, usage=usage, label=f"mn{i}")
                         for i, size in enumerate(m["buffers"])]
         for t in self.tensors:
-            if t["role"] in ("param", "state") and t["init"] == "blob":
+            if t["role"] in ("param", "state", "constant") and t["init"] == "blob":
                 self._write(t, pkg.weights[t["name"]])
         self._layouts = {}
         self.kernels = []

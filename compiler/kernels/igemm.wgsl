@@ -1,0 +1,66 @@
+// Implicit GEMM: C[g] = A[g] @ B[g] for g in [0, GROUPS), with M x N outputs and a K
+// reduction. A 64x64 output tile per workgroup of 256 threads, 4x4 outputs per thread
+// held in four vec4 accumulators (private arrays indexed in loops are a 60x trap on
+// NVIDIA). The operands are never materialised: load_a / load_b compute where each
+// element lives (a strided matrix for matmul; an im2col window for convolutions), and
+// store writes each result (where epilogues go). Edges are guarded: any M, N, K works.
+{{BINDINGS}}
+
+const M: u32 = {{M}}u;
+const N: u32 = {{N}}u;
+const K: u32 = {{K}}u;
+
+var<workgroup> a_tile: array<vec4<f32>, 256>;  // [16 k][16 row groups of 4]
+var<workgroup> b_tile: array<vec4<f32>, 256>;  // [16 k][16 col groups of 4]
+
+fn load_a(g: u32, m: u32, k: u32) -> f32 {
+    if (m >= M || k >= K) {
+        return 0.0;
+    }
+{{LOAD_A}}
+}
+
+fn load_b(g: u32, k: u32, n: u32) -> f32 {
+    if (k >= K || n >= N) {
+        return 0.0;
+    }
+{{LOAD_B}}
+}
+
+fn store(g: u32, m: u32, n: u32, v: f32) {
+    if (m >= M || n >= N) {
+        return;
+    }
+{{STORE}}
+}
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let g = wg.z;
+    let row0 = wg.y * 64u;
+    let col0 = wg.x * 64u;
+    let tid = lid.y * 16u + lid.x;
+    // each thread stages one vec4 of A (4 rows at one k) and one of B (4 cols at one k)
+    let lk = tid / 16u;
+    let lg = tid % 16u;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    for (var k0 = 0u; k0 < K; k0 = k0 + 16u) {
+        let m = row0 + lg * 4u;
+        let k = k0 + lk;
+        a_tile[tid] = vec4<f32>(load_a(g, m, k), load_a(g, m + 1u, k), load_a(g, m + 2u, k), load_a(g, m + 3u, k));
+        let n = col0 + lg * 4u;
+        b_tile[tid] = vec4<f32>(load_b(g, k, n), load_b(g, k, n + 1u), load_b(g, k, n + 2u), load_b(g, k, n + 3u));
+        workgroupBarrier();
+{{INNER_LOOP}}
+        workgroupBarrier();
+    }
+    let r = row0 + lid.y * 4u;
+    let c = col0 + lid.x * 4u;
+    store(g, r, c, acc0.x); store(g, r, c + 1u, acc0.y); store(g, r, c + 2u, acc0.z); store(g, r, c + 3u, acc0.w);
+    store(g, r + 1u, c, acc1.x); store(g, r + 1u, c + 1u, acc1.y); store(g, r + 1u, c + 2u, acc1.z); store(g, r + 1u, c + 3u, acc1.w);
+    store(g, r + 2u, c, acc2.x); store(g, r + 2u, c + 1u, acc2.y); store(g, r + 2u, c + 2u, acc2.z); store(g, r + 2u, c + 3u, acc2.w);
+    store(g, r + 3u, c, acc3.x); store(g, r + 3u, c + 1u, acc3.y); store(g, r + 3u, c + 2u, acc3.z); store(g, r + 3u, c + 3u, acc3.w);
+}
