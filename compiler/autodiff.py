@@ -5,11 +5,11 @@ frozen parameters (and everything that depends only on them) cost nothing.
 """
 from __future__ import annotations
 
-from .emit import Emitter
+
 from .ops import NOT_DIFFERENTIABLE, OPS
 
 
-def gradients(e: Emitter, loss: int, wrt: list) -> dict:
+def gradients(e, loss: int, wrt: list) -> dict:
     """Adds gradient nodes of scalar `loss` with respect to node ids `wrt`.
 
     Returns node id -> gradient node id (only for ids in `wrt` that the loss depends on).
@@ -19,7 +19,7 @@ def gradients(e: Emitter, loss: int, wrt: list) -> dict:
     return vjp(e, loss, e.const(1.0), wrt)
 
 
-def vjp(e: Emitter, out: int, cotangent: int, wrt: list) -> dict:
+def vjp(e, out: int, cotangent: int, wrt: list) -> dict:
     """The vector-Jacobian product: gradients of sum(out * cotangent) w.r.t. `wrt`."""
     g = e.g
     needs = [False] * (out + 1)
@@ -49,7 +49,7 @@ def vjp(e: Emitter, out: int, cotangent: int, wrt: list) -> dict:
     return {w: grad[w] for w in wrt if w in grad}
 
 
-def grad_via_decomposition(e: Emitter, n, i: int, g: int) -> list:
+def grad_via_decomposition(e, n, i: int, g: int) -> list:
     """The gradient rule of an op that lowers by decomposition: differentiate the
     decomposition itself. (The forward pieces it re-emits are merged with the forward
     pass's by common-subexpression elimination.)"""

@@ -81,7 +81,11 @@ class _Bindings:
 def generate(sched: Schedule, kernel: Kernel) -> KernelCode:
     if kernel.kind == "elementwise":
         return _elementwise(sched, kernel)
-    return {"matmul": _matmul, "reduce": _reduce, "softmax": _softmax}[kernel.kind](sched, kernel)
+    from . import codegen_nn
+
+    kinds = {"matmul": _matmul, "reduce": _reduce, "softmax": _softmax, "conv": codegen_nn.conv,
+             "pool": codegen_nn.pool, "gather": codegen_nn.gather}
+    return kinds[kernel.kind](sched, kernel)
 
 
 def _elementwise(sched: Schedule, k: Kernel) -> KernelCode:
@@ -114,6 +118,8 @@ def _elementwise(sched: Schedule, k: Kernel) -> KernelCode:
         if flat_read(g, m, p):
             key = (b, "flat")
             expr = f"{name}[idx]"
+        elif nodes[m].op in ("slice", "pad"):
+            key, expr = _window_read(nodes[m], nodes[j], coord(nodes[m].shape), name, b)
         else:
             offs = _read_offsets(nodes[m], nodes[j])
             cs = coord(nodes[m].shape)
@@ -138,14 +144,38 @@ def _elementwise(sched: Schedule, k: Kernel) -> KernelCode:
         uses_prelude |= "mn_" in expr
         body.append(f"    let v{m}: {_wtype(n.dtype)} = {expr};")
     for r in k.roots:
-        for (b, mode) in reads:
-            if bind.st(b) == bind.st(r) and mode != "flat":
+        for key in reads:
+            if bind.st(key[0]) == bind.st(r) and key[1] != "flat":
                 raise RuntimeError(f"kernel writes {r} in place while reading it at other indices")
         body.append(f"    {bind.use(r, write=True)}[idx] = v{r};")
     wgsl = render("elementwise", PRELUDE=template("prelude") if uses_prelude else "",
                   BINDINGS=bind.decls(), TOTAL=total, COORDS="\n".join(body_coords), BODY="\n".join(body))
     label = "+".join(sorted({nodes[m].op for m in k.members}))
     return KernelCode(wgsl, (WG, 1, 1), bind.list(), grid(-(-total // WG)), label)
+
+
+def _window_read(user, inp, cs, name, b):
+    """slice reads x[start + c * step]; pad reads x[(c - start) / step] where that lands
+    on an element of x, and its fill value elsewhere."""
+    starts, steps = user.attr("starts"), user.attr("steps")
+    st = _strides(inp.shape)
+    key = (b, user.op, starts, steps)
+    if user.op == "slice":
+        terms = [f"({s0} + i32({c}) * {step}) * {s}" for c, s0, step, s in zip(cs, starts, steps, st) if s]
+        return key, f"{name}[u32({' + '.join(terms) if terms else '0'})]"
+    key = key + (user.attr("value"),)
+    conds, terms = [], []
+    for c, s0, step, s, d in zip(cs, starts, steps, st, inp.shape):
+        t = f"(i32({c}) - {s0})"
+        if step != 1:
+            conds.append(f"{t} % {step} == 0")
+            t = f"({t} / {step})"
+        conds.append(f"{t} >= 0 && {t} < {d}")
+        if s:
+            terms.append(f"{t} * {s}")
+    read = f"{name}[u32(max({' + '.join(terms) if terms else '0'}, 0))]"
+    fill = f32_literal(user.attr("value", 0.0)) if inp.dtype == "f32" else str(int(user.attr("value", 0)))
+    return key, f"select({fill}, {read}, {' && '.join(conds) if conds else 'true'})"
 
 
 def _read_offsets(user, inp):

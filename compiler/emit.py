@@ -53,7 +53,7 @@ class Emitter:
         package like a frozen weight but never saved as one. Shared by content."""
         import hashlib
 
-        value = np.ascontiguousarray(value, dtype=np.float32)
+        value = np.ascontiguousarray(value, dtype=np.float64)  # the interpreter keeps float64
         key = hashlib.sha1(value.tobytes() + str(value.shape).encode()).hexdigest()[:16]
         if name is None:
             name = f"constant.{key}"

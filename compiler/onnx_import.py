@@ -12,9 +12,16 @@ initializers are PyTorch parameters (trainable) and buffers (frozen params); its
 initializers are exporter constants, folded like Constant nodes. A known float array
 that must become a tensor is a scalar `Builder.const` when it has one element, else a
 frozen param (`const.<output name>` for Constant nodes).
+
+Both exporters fold `W.T` of a Linear applied to a 3-D input into a new initializer.
+The dynamo exporter records where it came from: W is imported under its PyTorch name
+and the MatMul becomes matmul(trans_b). The TorchScript exporter does not: its
+`onnx::MatMul_N` stays a trainable weight under that name unless the model is exported
+with `do_constant_folding=False`, which keeps Transpose(W) (imported as trans_b too).
 """
 from __future__ import annotations
 
+import ast
 import math
 import os
 from dataclasses import dataclass
@@ -24,6 +31,7 @@ import numpy as np
 from .builder import Builder, Model, Tensor
 
 _KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+_FOLDED = "pkg.onnxscript.optimizer.folded_from"
 _FLOAT = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 _INT = frozenset({2, 3, 4, 5, 6, 7, 9, 12, 13})  # (U)INT8-64, BOOL
 
@@ -34,6 +42,7 @@ class _Known:
     value: np.ndarray
     name: str
     kind: str = "const"
+    transposed: bool = False  # the ONNX value is value.T (a folded W.T)
     tensor: Tensor | None = None  # made on first use as a graph tensor
 
 
@@ -67,16 +76,22 @@ class _Importer:
         self.label = ""
         g = proto.graph
         self.inits = {i.name for i in g.initializer}
-        kinds = {vi.name: p.value for vi in list(g.value_info) + list(g.input)
-                 for p in vi.metadata_props if p.key == _KIND}
+        meta = {vi.name: {p.key: p.value for p in vi.metadata_props} for vi in list(g.value_info) + list(g.input)}
+        kinds = {name: m[_KIND] for name, m in meta.items() if _KIND in m}
+        linear = _folded_linear_weights(g, meta) if kinds else {}
         for init in g.initializer:
             value = numpy_helper.to_array(init)
+            if init.name in linear:  # W.T folded out of aten.linear: import W under its own name
+                self.env[init.name] = _Known(value.T, linear[init.name], "param", transposed=True)
+                continue
             if init.data_type not in _FLOAT:
                 kind = "const"
             elif not kinds:  # no torch.export signature (the TorchScript exporter): all weights
                 kind = "param"
-            else:
-                kind = {"PARAMETER": "param", "BUFFER": "buffer"}.get(kinds.get(init.name), "const")
+            else:  # an initializer folded out of weights stays a weight
+                sources = [kinds.get(n) for n in _names(meta.get(init.name, {}).get(_FOLDED, "[]"))]
+                origin = [kinds.get(init.name)] + sources
+                kind = "param" if "PARAMETER" in origin else "buffer" if "BUFFER" in origin else "const"
             self.env[init.name] = _Known(value, init.name, kind)
 
     # ------------------------------------------------------------------ driver
@@ -127,7 +142,7 @@ class _Importer:
         ins = [self.env[n] for n in node.input]
         foldable = all(v is None or (isinstance(v, _Known) and v.kind == "const") for v in ins)
         if op in ("Shape", "Size"):
-            s = ins[0].value.shape if isinstance(ins[0], _Known) else ins[0].shape
+            s = self.known(node.input[0]).shape if isinstance(ins[0], _Known) else ins[0].shape
             if op == "Size":
                 outs = [np.array(int(np.prod(s)), np.int64)]
             else:
@@ -136,7 +151,7 @@ class _Importer:
             vals = [None if v is None else v.value for v in ins]
             try:
                 outs = _FOLD[op](self, vals, at)
-            except (NotImplementedError, KeyError):
+            except NotImplementedError:
                 raise
             except Exception as exc:
                 raise ValueError(f"folding node {label!r} ({op}) failed: {exc}") from exc
@@ -169,6 +184,8 @@ class _Importer:
             else:
                 pname = v.name if v.kind != "const" or v.name in self.inits else f"const.{v.name}"
                 v.tensor = self.b.param(pname, arr.astype(np.float32), frozen=v.kind != "param")
+                if v.transposed:  # MatMul turns this into trans_b
+                    v.tensor = self.b.transpose(v.tensor, (1, 0))
         return v.tensor
 
     def known(self, name, what="this input"):
@@ -176,13 +193,12 @@ class _Importer:
         v = self.env.get(name)
         if not isinstance(v, _Known):
             raise NotImplementedError(f"node {self.label!r}: {what} ({name!r}) must be a constant")
-        return v.value
+        return v.value.T if v.transposed else v.value
 
     def operand(self, name, other: Tensor | None) -> Tensor:
         """A binary op's operand: a one-element constant becomes a scalar const."""
         v = self.env[name]
-        if (isinstance(v, _Known) and v.kind == "const" and v.value.size == 1 and v.value.dtype.kind == "f"
-                and other is not None and v.value.ndim <= len(other.shape)):
+        if _is_scalar(v) and other is not None and v.value.ndim <= len(other.shape):
             return self.b.const(float(v.value.reshape(())))
         return self.tensor(name)
 
@@ -204,6 +220,29 @@ class _Importer:
             return None
         axes = [int(a) for a in np.asarray(axes).reshape(-1)]
         return [a % rank if rank else a for a in axes] if axes else None
+
+
+def _folded_linear_weights(g, meta) -> dict:
+    """Initializers that torch's dynamo exporter folded from W.T of an aten.linear
+    (x of rank 3 or more): initializer name -> the PyTorch parameter name of W."""
+    out = {}
+    for node in g.node:
+        if node.op_type != "MatMul" or len(node.input) != 2:
+            continue
+        fx = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.fx_node"), "")
+        src = _names(meta.get(node.input[1], {}).get(_FOLDED, "[]"))
+        if ("aten.linear" in fx and len(src) == 1 and src[0] not in meta
+                and f"%p_{src[0].replace('.', '_')}" in fx):
+            out[node.input[1]] = src[0]
+    return out
+
+
+def _names(text):
+    try:
+        names = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return []
+    return [str(n) for n in names] if isinstance(names, (list, tuple, set)) else []
 
 
 def _is_scalar(v):
@@ -389,6 +428,11 @@ def _binary(opname):
     return build
 
 
+def _b_abs(im, ins, at):
+    x = im.tensor(ins[0])
+    return im.b.op("maximum", x, -x)
+
+
 def _b_minimum(im, a: Tensor, c: Tensor) -> Tensor:
     return -im.b.op("maximum", -a, -c)
 
@@ -539,7 +583,7 @@ _BUILD = {
     "Sqrt": _unary("sqrt"),
     "Neg": _unary("neg"),
     "Erf": _unary("erf"),
-    "Abs": lambda im, ins, at: (lambda x: im.b.op("maximum", x, -x))(im.tensor(ins[0])),
+    "Abs": _b_abs,
     "Reciprocal": lambda im, ins, at: 1.0 / im.tensor(ins[0]),
     "Gelu": lambda im, ins, at: im.b.gelu(im.tensor(ins[0]), at.get("approximate", "none")),
     "Pow": _b_pow,

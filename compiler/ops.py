@@ -417,3 +417,5 @@ row("cross_entropy", _cross_entropy_shape, _cross_entropy_ref, _g_cross_entropy,
 row("mse", _mse_shape, _mse_ref, _g_mse, ("decompose", _d_mse))
 
 NOT_DIFFERENTIABLE = {"input", "param", "state", "constant", "const", "eq", "step", "gelu_grad", "cast", "one_hot"}
+
+from . import ops_nn  # noqa: E402,F401  (registers the neural-network rows)

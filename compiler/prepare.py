@@ -18,6 +18,12 @@ def prepare(graph: Graph) -> Graph:
     seen = {}  # (op, dtype, shape, inputs, attrs) -> new id: common subexpressions
 
     def add(node: Node) -> int:
+        # rewrites apply to every node, also those that other rewrites emit
+        low = OPS[node.op].lowering
+        if low[0] == "decompose":
+            return low[1](e, node)
+        if node.op in ("reduce_sum", "reduce_max") and not _adjacent(node, out.nodes[node.inputs[0]].shape):
+            return _split_reduce(e, node, node.inputs[0])
         key = (node.op, node.dtype, node.shape, node.inputs, node.attrs)
         if node.op in ("input", "param", "state", "constant"):
             key = (node.op, node.attr("name"))
@@ -30,12 +36,7 @@ def prepare(graph: Graph) -> Graph:
         for i in graph.live_nodes():
             n = graph.nodes[i]
             ins = tuple(remap[j] for j in n.inputs)
-            low = OPS[n.op].lowering
-            if low[0] == "decompose":
-                remap[i] = low[1](e, Node(n.op, n.dtype, n.shape, ins, n.attrs))
-            elif n.op in ("reduce_sum", "reduce_max"):
-                remap[i] = _split_reduce(e, n, ins[0])
-            elif n.op == "reshape" and out.nodes[ins[0]].shape == n.shape:
+            if n.op == "reshape" and out.nodes[ins[0]].shape == n.shape:
                 remap[i] = ins[0]
             elif n.op == "const":
                 remap[i] = e.const(n.attr("value"))
@@ -50,6 +51,11 @@ def prepare(graph: Graph) -> Graph:
         if n.op in ("input", "param", "state", "constant") and i not in remap:
             add(n)
     return out
+
+
+def _adjacent(n: Node, shape) -> bool:
+    axes = sorted(a % len(shape) for a in n.attr("axes"))
+    return bool(axes) and axes == list(range(axes[0], axes[0] + len(axes)))
 
 
 def _split_reduce(e: Emitter, n: Node, x: int) -> int:

@@ -25,7 +25,7 @@ def is_elementwise(op: str) -> bool:
 def flat_read(graph: Graph, user: int, pos: int) -> bool:
     """Does `user` read its input `pos` at its own flat index?"""
     n = graph.nodes[user]
-    if n.op in ("transpose", "one_hot", "broadcast_to"):
+    if n.op in ("transpose", "one_hot", "broadcast_to", "slice", "pad"):
         return False
     return graph.nodes[n.inputs[pos]].shape == n.shape
 

@@ -70,3 +70,13 @@ fn mn_pow(x: f32, c: f32) -> f32 {
     }
     return pow(x, c);
 }
+
+fn mn_silu_grad(x: f32) -> f32 {
+    let s = mn_sigmoid(x);
+    return s * (1.0 + x * (1.0 - s));
+}
+
+fn mn_softplus(x: f32) -> f32 {
+    // PyTorch's threshold: past 20, softplus(x) is x to f32 precision
+    return select(max(x, 0.0) + log(1.0 + exp(-abs(x))), x, x > 20.0);
+}
