@@ -83,6 +83,10 @@ class Builder:
         """A constant tensor: part of the model, never trained nor saved as a weight."""
         return Tensor(self, self.e.constant(value))
 
+    def constant_ids(self, value) -> Tensor:
+        """A constant tensor of integer ids (indices for gather, class ids)."""
+        return Tensor(self, self.e.constant(value, dtype="i32"))
+
     def const(self, value: float) -> Tensor:
         return Tensor(self, self.e.const(value))
 

@@ -48,19 +48,19 @@ class Emitter:
             self.g.values[name] = np.asarray(value)
         return self.g.add(Node(op, dtype, tuple(int(d) for d in shape), (), make_attrs(name=name)))
 
-    def constant(self, value, name: str | None = None) -> int:
+    def constant(self, value, name: str | None = None, dtype: str = "f32") -> int:
         """A constant tensor (interpolation matrices, masks, RoPE tables), stored in the
         package like a frozen weight but never saved as one. Shared by content."""
         import hashlib
 
-        value = np.ascontiguousarray(value, dtype=np.float64)  # the interpreter keeps float64
+        value = np.ascontiguousarray(value, dtype=np.int32 if dtype == "i32" else np.float64)  # float64 for the oracle
         key = hashlib.sha1(value.tobytes() + str(value.shape).encode()).hexdigest()[:16]
         if name is None:
-            name = f"constant.{key}"
+            name = f"constant.{dtype}.{key}"
         existing = self.g.leaves("constant").get(name)
         if existing is not None:
             return existing
-        return self.leaf("constant", name, value.shape, "f32", value)
+        return self.leaf("constant", name, value.shape, dtype, value)
 
     def const(self, value: float) -> int:
         """A scalar constant, shared by value."""

@@ -54,7 +54,7 @@ class PackageBuilder:
         entry = {"name": name, "role": role, "dtype": node.dtype, "shape": list(node.shape),
                  "buffer": self._buffer(nbytes(node)), "init": "zeros"}
         if role in ("param", "state", "constant") and value is not None and (role != "state" or np.any(value)):
-            self.blob[name] = np.ascontiguousarray(value, dtype=np.float32)
+            self.blob[name] = np.ascontiguousarray(value, dtype=np.int32 if node.dtype == "i32" else np.float32)
             entry["init"] = "blob"
         elif role in ("param", "constant"):
             raise ValueError(f"parameter {name!r} has no value")

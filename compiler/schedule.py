@@ -56,7 +56,7 @@ def schedule(graph: Graph) -> Schedule:
     nodes = graph.nodes
     users = graph.users()
     live = set(graph.live_nodes())
-    pinned = set(graph.outputs.values()) | set(graph.assigns.values())
+    pinned = {base_of(graph, i) for i in list(graph.outputs.values()) + list(graph.assigns.values())}
 
     # 1. inline elementwise nodes read element for element by elementwise users only
     inlined = set()

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import warnings
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ def export_mlp(path: Path, seed: int = 0):
     """The PyTorch model, exported to ONNX with a dynamic batch dimension."""
     import torch
 
+    warnings.filterwarnings("ignore", category=DeprecationWarning)  # the TorchScript exporter's notice
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     torch.onnx.export(model, (torch.zeros(BATCH, 64),), str(path), input_names=["x"], output_names=["logits"],

@@ -1,0 +1,183 @@
+"""Hosts: where frames go. Each gives `device`, `size`, `format`, `texture()` (this
+frame's target), `present()`, `poll()` (events; False once the user closed it), `close()`.
+
+    PygameHost   an SDL window through pygame, a wgpu surface on it (X11 or Windows)
+    GlfwHost     a glfw window (wgpu.utils.glfw_present_info)
+    OffscreenHost  a texture you render into; no display needed (tests, servers, CI)
+    TextureHost  bring your own: an existing device and texture (pygfx, an engine)
+
+Window hosts restrict wgpu to Vulkan on Linux before the first adapter request (wgpu's
+GL backend panics beside an SDL window): make the host before any device exists.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+
+from .device import shared_device, vulkan_only
+
+_TARGET_USAGE = 0x10 | 0x04 | 0x01  # RENDER_ATTACHMENT | TEXTURE_BINDING | COPY_SRC
+
+
+class Host:
+    device = None
+    format = "rgba8unorm"
+    size = (0, 0)
+    running = True
+    _closed = False
+
+    def texture(self):
+        raise NotImplementedError
+
+    def present(self) -> None:
+        pass
+
+    def poll(self) -> bool:
+        return self.running
+
+    def close(self) -> None:
+        self.running = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class TextureHost(Host):
+    """Frames go into `texture` on `device` (both the host's own)."""
+
+    def __init__(self, device, texture):
+        self.device = shared_device(device)
+        self._texture = texture
+        self.format, self.size = texture.format, (texture.width, texture.height)
+
+    def texture(self):
+        return self._texture
+
+
+class OffscreenHost(TextureHost):
+    """Frames go into a texture of our own: no window, no display."""
+
+    def __init__(self, size=(640, 480), device=None, format: str = "rgba8unorm"):
+        device = shared_device(device)
+        w, h = size
+        super().__init__(device, device.create_texture(size=(w, h, 1), format=format, usage=_TARGET_USAGE,
+                                                       label="offscreen target"))
+
+
+class SurfaceHost(Host):
+    """A wgpu surface on a native window, given its present_info."""
+
+    def __init__(self, present_info: dict, size, device=None):
+        import wgpu
+
+        self.device = shared_device(device)
+        self.context = wgpu.gpu.get_canvas_context(present_info)
+        self.size = tuple(int(s) for s in size)
+        self.context.set_physical_size(*self.size)
+        caps = self.context._get_capabilities(self.device.adapter)
+        # a non-sRGB format: the bridge's colours and the scene are written as they are
+        plain = [f for f in caps["formats"] if not f.endswith("srgb")]
+        self.format = plain[0] if plain else self.context.get_preferred_format(self.device.adapter)
+        self.usage = _TARGET_USAGE & caps["usages"] | wgpu.TextureUsage.RENDER_ATTACHMENT
+        self._configure()
+
+    def _configure(self):
+        self.context.configure(device=self.device, format=self.format, usage=self.usage)
+
+    def resize(self, size) -> None:
+        self.size = tuple(int(s) for s in size)
+        self.context.set_physical_size(*self.size)
+
+    def texture(self):
+        return self.context.get_current_texture()
+
+    def present(self) -> None:
+        self.context.present()
+
+
+def _capsule_pointer(capsule, name: bytes) -> int:
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return int(get(capsule, name))
+
+
+def pygame_present_info(vsync: bool = False) -> dict:
+    """The present_info of pygame's current window (after pygame.display.set_mode)."""
+    import pygame
+
+    info = pygame.display.get_wm_info()
+    if sys.platform.startswith("win"):
+        return {"platform": "windows", "window": int(info["window"]), "vsync": vsync}
+    if sys.platform.startswith("linux") and "display" in info and "window" in info:
+        display = info["display"]
+        display = display if isinstance(display, int) else _capsule_pointer(display, b"display")
+        return {"platform": "x11", "window": int(info["window"]), "display": display, "vsync": vsync}
+    raise RuntimeError(f"pygame gives no X11 or Windows window here ({sorted(info)}, driver "
+                       f"{pygame.display.get_driver()}); on Wayland run with SDL_VIDEODRIVER=x11")
+
+
+class PygameHost(SurfaceHost):
+    """A pygame (SDL2) window; wgpu draws into it through a Vulkan surface, not OpenGL."""
+
+    def __init__(self, size=(640, 480), title: str = "meganeura", device=None, vsync: bool = False):
+        vulkan_only()
+        import pygame
+
+        self._pg = pygame
+        pygame.display.init()
+        self.window = pygame.display.set_mode(size, pygame.RESIZABLE)
+        pygame.display.set_caption(title)
+        super().__init__(pygame_present_info(vsync), size, device)
+
+    def poll(self) -> bool:
+        pg = self._pg
+        for event in pg.event.get():
+            if event.type == pg.QUIT or (event.type == pg.KEYDOWN and event.key == pg.K_ESCAPE):
+                self.running = False
+            elif event.type == pg.VIDEORESIZE and event.w > 0 and event.h > 0:
+                self.resize((event.w, event.h))
+        return self.running
+
+    def close(self) -> None:
+        if not self._closed:
+            self.context.unconfigure()
+            self._pg.display.quit()
+        self._closed, self.running = True, False
+
+
+class GlfwHost(SurfaceHost):
+    """A glfw window, with no client API (wgpu draws into it through a surface)."""
+
+    def __init__(self, size=(640, 480), title: str = "meganeura", device=None, vsync: bool = False):
+        vulkan_only()
+        import glfw
+        from wgpu.utils.glfw_present_info import get_glfw_present_info
+
+        self._glfw = glfw
+        if not glfw.init():
+            raise RuntimeError("glfw.init() failed: is there a display (DISPLAY / WAYLAND_DISPLAY)?")
+        glfw.window_hint(glfw.CLIENT_API, glfw.NO_API)
+        glfw.window_hint(glfw.RESIZABLE, True)
+        self.window = glfw.create_window(int(size[0]), int(size[1]), title, None, None)
+        if not self.window:
+            raise RuntimeError("glfw could not create a window")
+        super().__init__(get_glfw_present_info(self.window, vsync=vsync), size, device)
+
+    def poll(self) -> bool:
+        glfw = self._glfw
+        glfw.poll_events()
+        if glfw.window_should_close(self.window):
+            self.running = False
+        w, h = glfw.get_framebuffer_size(self.window)
+        if (w, h) != self.size and w > 0 and h > 0:
+            self.resize((w, h))
+        return self.running
+
+    def close(self) -> None:
+        if not self._closed:
+            self.context.unconfigure()
+            self._glfw.destroy_window(self.window)
+        self._closed, self.running = True, False

@@ -1,0 +1,429 @@
+"""FrameScheduler: put a Session's programs into the host's frames, within an ML budget.
+
+Each frame, into the host's command encoder: the texture inputs (`before`), the whole
+inference program, its readbacks and overlays (`after`), then training chunks while the
+budget (milliseconds of GPU time per frame) remains. Programs are cut into chunks of
+`chunk_dispatches` dispatches; every chunk is one compute pass whose GPU time the
+timestamp queries measure (results arrive frames later; nothing waits). A chunk's
+estimate is the worst of its last four measurements; a chunk never measured runs alone,
+as the first training chunk of its frame, so a frame's ML work passes the budget by at
+most one chunk. Without timestamp queries the estimates come from warm_up()'s CPU-clock
+calibration, or from a per-dispatch cost.
+
+Training steps are spread over frames. A step's batch is uploaded (queue.write_buffer)
+into a private ring of held buffers when the step starts, and copied on the GPU into the
+Session's input buffers before the chunks that read them; an input buffer that inference
+shares (the image `x`) is saved and restored around each training chunk, so inference
+between chunks sees its own input and the step sees its batch until its last chunk.
+
+    sched = FrameScheduler(session, budget_ms=6, before=[feed], after=[overlay])
+    sched.train(batches)            # an iterable of {input name: array}
+    sched.warm_up()                 # blocking, before the loop: pipelines' first-run JIT
+    while host.poll():
+        enc = device.create_command_encoder()
+        scene.draw(enc, pass_kwargs=sched.timed("scene"))
+        sched.record(enc)
+        overlay.composite(enc, host.texture(), background=scene.texture)
+        sched.submit(enc); host.present()
+    sched.close()                   # waits for the last timings, writes the trace
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+from .device import has_timestamps
+from .timing import Costs, GpuTimer, Trace
+
+
+class FrameScheduler:
+    def __init__(self, session, budget_ms: float = 4.0, *, before=(), after=(), infer: str | None = "infer",
+                 train: str = "train_step", chunk_dispatches: int = 4, timestamps: bool | None = None,
+                 trace=None, history: int = 2000, max_train_chunks: int = 64, dispatch_ms: float = 0.05,
+                 timestamp_period_ns: float = 1.0, held_batches: int = 3):
+        import wgpu
+
+        self._wgpu = wgpu
+        self.session, self.device = session, session.device
+        self.budget_ms = float(budget_ms)
+        self.before, self.after = list(before), list(after)
+        if infer is not None and infer not in session.programs:
+            raise KeyError(f"no program {infer!r} in this package")
+        self.infer, self.train_program = infer, train if train in session.programs else None
+        if chunk_dispatches < 1:
+            raise ValueError("chunk_dispatches must be at least 1")
+        self.chunks = {}
+        for p in filter(None, (infer, self.train_program)):
+            n = session.dispatch_count(p)
+            self.chunks[p] = [(i, a, min(a + chunk_dispatches, n)) for i, a in enumerate(range(0, n, chunk_dispatches))]
+        self.max_train_chunks = max_train_chunks
+        self.timestamps = has_timestamps(self.device) if timestamps is None else bool(timestamps)
+        if self.timestamps and not has_timestamps(self.device):
+            raise ValueError("this device has no 'timestamp-query' feature")
+        self.timer = GpuTimer(self.device, period_ns=timestamp_period_ns) if self.timestamps else None
+        self.costs = Costs(dispatch_ms)
+        self.trace_path = trace
+        self.trace = Trace() if trace else None
+        self.stats = deque(maxlen=history)
+        self.frame = 0
+        self._frame = None
+        self._readbacks = {}
+        self._fence = self.device.create_buffer(size=8, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        # training
+        self.training = False
+        self.steps_started = self.steps_done = 0
+        self._batches, self._step, self._step_limit = None, None, None
+        self._held, self._held_count = [], held_batches
+        self._inputs = {}
+
+    # ------------------------------------------------------------- set-up
+    def readback(self, output: str, program: str | None = None, depth: int = 3):
+        """A runtime Readback of `output`, recorded after `program` each time it completes in a frame."""
+        program = program or self.infer
+        rb = self.session.readback(program, output, depth)
+        self._readbacks.setdefault(program, []).append(rb)
+        return rb
+
+    def train(self, batches, steps: int | None = None) -> None:
+        """Train on `batches` (an iterable of {input: array}, or a callable returning one or None)."""
+        if self.train_program is None:
+            raise ValueError("this package has no training program (compile it with a TrainConfig)")
+        if callable(batches):
+            fn = batches
+            batches = iter(fn, None)
+        self._batches, self._step_limit, self.training = iter(batches), steps, True
+        if not self._held:
+            self._setup_training()
+
+    def _setup_training(self):
+        wgpu, s = self._wgpu, self.session
+        usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+        p = s.package.programs[self.train_program]
+        others = set()
+        for name, q in s.package.programs.items():
+            if name != self.train_program:
+                others |= {bi for d in q["dispatches"] for bi in d["buffers"]}
+                others |= {s.tensors[ti]["buffer"] for ti in list(q["inputs"].values()) + list(q["outputs"].values())}
+        for name, ti in p["inputs"].items():
+            t = s.tensors[ti]
+            nbytes = max(4, int(np.prod(t["shape"], dtype=np.int64)) * 4)
+            shared = t["buffer"] in others
+            self._inputs[name] = {"tensor": t, "bytes": nbytes, "shared": shared,
+                                  "save": s.device.create_buffer(size=nbytes, usage=usage) if shared else None}
+        self._held = [{"buffers": {n: s.device.create_buffer(size=v["bytes"], usage=usage, label=f"held {n}")
+                                   for n, v in self._inputs.items()}, "free_after": -1}
+                      for _ in range(self._held_count)]
+        disp = p["dispatches"]
+        self._touches = [{bi for d in disp[a:b] for bi in d["buffers"]} for _, a, b in self.chunks[self.train_program]]
+
+    def warm_up(self, repeats: int = 2) -> None:
+        """Blocking; call before the frame loop. Runs every pass `repeats` times: the first run
+        of a pipeline pays its JIT (about a second per program on lavapipe); the last run is
+        measured. Training runs on whatever its inputs hold; parameters and optimizer state
+        are restored afterwards, so training results do not change."""
+        s, dev, wgpu = self.session, self.device, self._wgpu
+        passes = self._all_passes()
+        snap = {}
+        if self.train_program is not None:
+            for t in s.tensors:
+                if t["role"] in ("param", "state") and t["buffer"] not in snap:
+                    b = s.buffers[t["buffer"]]
+                    snap[t["buffer"]] = (b, dev.create_buffer(size=b.size, usage=wgpu.BufferUsage.COPY_SRC
+                                                              | wgpu.BufferUsage.COPY_DST))
+        enc = dev.create_command_encoder()
+        for b, tmp in snap.values():
+            enc.copy_buffer_to_buffer(b, 0, tmp, 0, b.size)
+        dev.queue.submit([enc.finish()])
+        for r in range(repeats):
+            last = r == repeats - 1
+            if last and self.timer is None:  # no timestamps: time each pass on the CPU clock
+                for key, _, _, fn in passes:
+                    self._wait_idle()
+                    t0 = time.perf_counter()
+                    enc = dev.create_command_encoder()
+                    fn(enc, None)
+                    dev.queue.submit([enc.finish()])
+                    self._wait_idle()
+                    self.costs.calibrated[key] = (time.perf_counter() - t0) * 1e3
+                continue
+            timed = last and self.timer.begin()
+            enc = dev.create_command_encoder()
+            for key, label, n, fn in passes:
+                w = self.timer.writes((None, {"key": key, "dispatches": n, "label": label})) if timed else None
+                fn(enc, {"timestamp_writes": w} if w else None)
+            if timed:
+                self.timer.end(enc)
+            dev.queue.submit([enc.finish()])
+            if timed:
+                self.timer.submitted()
+            self._wait_idle()
+        enc = dev.create_command_encoder()
+        for b, tmp in snap.values():
+            enc.copy_buffer_to_buffer(tmp, 0, b, 0, b.size)
+        dev.queue.submit([enc.finish()])
+        self.flush()
+
+    def _all_passes(self):
+        s, out = self.session, []
+        for i, feed in enumerate(self.before):
+            out.append((("before", i), f"input {i}", feed.dispatches, feed.record))
+        for p in filter(None, (self.infer, self.train_program)):
+            for i, a, b in self.chunks[p]:
+                out.append(((p, i), f"{p}[{a}:{b}]", b - a,
+                            lambda e, kw, p=p, a=a, b=b: s.record(e, p, a, b, kw)))
+        for i, o in enumerate(self.after):
+            out.append((("after", i), f"output {i}", o.dispatches, o.record))
+        return out
+
+    # ------------------------------------------------------------- frames
+    def _begin(self):
+        if self._frame is None:
+            self.frame += 1
+            now = time.perf_counter()
+            self._poll()
+            prev = self.stats[-1]["t"] if self.stats else None
+            self._frame = {"frame": self.frame, "t": now, "interval_ms": None if prev is None else (now - prev) * 1e3,
+                           "passes": [], "pending": 0, "ml_est_ms": 0.0, "ml_ms": None, "render_ms": None,
+                           "max_chunk_ms": None, "chunks": 0, "train_chunks": 0, "recorded": False,
+                           "timed": bool(self.timer and self.timer.begin())}
+        return self._frame
+
+    def _pass(self, encoder, frame, label, key, dispatches, fn, kind="ml"):
+        est = self.costs.estimate(key, dispatches) if key is not None else None
+        p = {"label": label, "kind": kind, "key": key, "dispatches": dispatches, "est": est, "ms": None}
+        frame["passes"].append(p)
+        w = self.timer.writes((frame, p)) if frame["timed"] else None
+        frame["pending"] += w is not None
+        if fn is not None:
+            fn(encoder, {"timestamp_writes": w} if w else None)
+        return w
+
+    def timed(self, label: str = "render") -> dict:
+        """Keyword arguments for one of the host's passes, to measure it as render time:
+        `encoder.begin_render_pass(..., **sched.timed("scene"))`."""
+        w = self._pass(None, self._begin(), label, None, 0, None, kind="render")
+        return {"timestamp_writes": w} if w else {}
+
+    def record(self, encoder) -> dict:
+        """Record this frame's ML work into `encoder`; returns the frame's statistics (filled in later)."""
+        f = self._begin()
+        if f["recorded"]:
+            raise RuntimeError("record() twice in one frame: call submit() (or submitted()) after each frame")
+        f["recorded"] = True
+        s, spent = self.session, 0.0
+        for i, feed in enumerate(self.before):
+            self._pass(encoder, f, f"input {i}", ("before", i), feed.dispatches, feed.record)
+            spent += self.costs.estimate(("before", i), feed.dispatches)
+        if self.infer is not None:
+            for i, a, b in self.chunks[self.infer]:
+                self._pass(encoder, f, f"{self.infer}[{a}:{b}]", (self.infer, i), b - a,
+                           lambda e, kw, a=a, b=b: s.record(e, self.infer, a, b, kw))
+                spent += self.costs.estimate((self.infer, i), b - a)
+            for rb in self._readbacks.get(self.infer, ()):
+                rb.record(encoder)
+        for i, out in enumerate(self.after):
+            self._pass(encoder, f, f"output {i}", ("after", i), out.dispatches, out.record)
+            spent += self.costs.estimate(("after", i), out.dispatches)
+        f["chunks"] = len(f["passes"]) - sum(p["kind"] == "render" for p in f["passes"])
+        if self.training:
+            spent = self._record_training(encoder, f, spent)
+        f["ml_est_ms"], f["steps_done"] = spent, self.steps_done
+        return f
+
+    def _record_training(self, encoder, f, spent):
+        chunks, prog = self.chunks[self.train_program], self.train_program
+        while f["train_chunks"] < self.max_train_chunks:
+            if self._step is None and not self._start_step():
+                break
+            st = self._step
+            i, a, b = chunks[st["next"]]
+            key = (prog, i)
+            est = self.costs.estimate(key, b - a)
+            known = self.costs.measured(key) or self.timer is None
+            first = f["train_chunks"] == 0
+            if not ((known and spent + est <= self.budget_ms) or (first and spent < self.budget_ms)):
+                break
+            self._train_chunk(encoder, f, st, i, a, b)
+            spent += est
+            f["train_chunks"] += 1
+            f["chunks"] += 1
+            st["next"] += 1
+            if st["next"] == len(chunks):
+                self._held[st["slot"]]["free_after"] = self.frame
+                self._step = None
+                self.steps_done += 1
+                for rb in self._readbacks.get(prog, ()):
+                    rb.record(encoder)
+            if not known:
+                break  # a chunk never measured runs alone: its cost is a guess
+        return spent
+
+    def _train_chunk(self, encoder, f, st, i, a, b):
+        s, held = self.session, self._held[st["slot"]]["buffers"]
+        restore = []
+        for name, v in self._inputs.items():
+            dst = s.buffers[v["tensor"]["buffer"]]
+            if v["shared"] and v["tensor"]["buffer"] in self._touches[i]:
+                encoder.copy_buffer_to_buffer(dst, 0, v["save"], 0, v["bytes"])
+                encoder.copy_buffer_to_buffer(held[name], 0, dst, 0, v["bytes"])
+                restore.append((v["save"], dst, v["bytes"]))
+            elif not v["shared"] and st["next"] == 0:
+                encoder.copy_buffer_to_buffer(held[name], 0, dst, 0, v["bytes"])
+        prog = self.train_program
+        self._pass(encoder, f, f"{prog}[{a}:{b}] step {st['index']}", (prog, i), b - a,
+                   lambda e, kw: s.record(e, prog, a, b, kw))
+        for save, dst, n in restore:
+            encoder.copy_buffer_to_buffer(save, 0, dst, 0, n)
+
+    def _start_step(self) -> bool:
+        if self._step_limit is not None and self.steps_started >= self._step_limit:
+            self.training = False
+            return False
+        # a held slot may be rewritten once its step's last chunk went out in an earlier frame
+        # (queue.write_buffer runs before this frame's commands)
+        slot = next((k for k, h in enumerate(self._held) if h["free_after"] < self.frame), None)
+        if slot is None:
+            return False
+        batch = next(self._batches, None)
+        if batch is None:
+            self.training = False
+            return False
+        for name, arr in self._coerce(batch).items():
+            self.device.queue.write_buffer(self._held[slot]["buffers"][name], 0, arr.tobytes())
+        self._held[slot]["free_after"] = float("inf")
+        self._step = {"slot": slot, "next": 0, "index": self.steps_started, "frame": self.frame}
+        self.steps_started += 1
+        return True
+
+    def _coerce(self, batch) -> dict:
+        p = self.session.package.programs[self.train_program]
+        mask = p.get("row_mask")
+        public = [k for k in p["inputs"] if k != mask]
+        if set(batch) != set(public):
+            raise ValueError(f"{self.train_program}: a batch needs exactly the inputs {sorted(public)}; "
+                             f"got {sorted(batch)}")
+        out, rows = {}, set()
+        for name in public:
+            t = self._inputs[name]["tensor"]
+            shape, arr = list(t["shape"]), np.asarray(batch[name])
+            if list(arr.shape) != shape:
+                partial = (mask and arr.ndim == len(shape) and list(arr.shape[1:]) == shape[1:]
+                           and 0 < arr.shape[0] < shape[0])
+                if not partial:
+                    raise ValueError(f"input {name!r} has shape {list(arr.shape)}; the model expects {shape}")
+                rows.add(arr.shape[0])
+                arr = np.concatenate([arr, np.zeros([shape[0] - arr.shape[0]] + shape[1:], arr.dtype)])
+            elif mask:
+                rows.add(shape[0])
+            if t["dtype"] == "i32" and arr.dtype.kind not in "iub":
+                raise TypeError(f"input {name!r} holds {arr.dtype} values; it takes integers")
+            out[name] = np.ascontiguousarray(arr, np.int32 if t["dtype"] == "i32" else np.float32)
+        if mask:
+            if len(rows) != 1:
+                raise ValueError(f"the inputs of one batch have different row counts: {sorted(rows)}")
+            n = self._inputs[mask]["tensor"]["shape"][0]
+            out[mask] = (np.arange(n) < rows.pop()).astype(np.float32)
+        return out
+
+    def finish(self, encoder) -> None:
+        """Last thing recorded into the frame's encoder: resolves the timestamp queries."""
+        f = self._begin()
+        if self.timer is not None and f["timed"]:
+            self.timer.end(encoder)
+
+    def submitted(self) -> None:
+        """Call right after submitting the frame's encoder (submit() does both)."""
+        f, self._frame = self._frame, None
+        if f is None:
+            raise RuntimeError("submitted() without a frame")
+        if self.timer is not None:
+            self.timer.submitted()
+        for rbs in self._readbacks.values():
+            for rb in rbs:
+                rb.submitted()
+        f["t_submit"] = now = time.perf_counter()
+        f["cpu_ms"] = (now - f["t"]) * 1e3
+        if self.trace is not None:
+            self.trace.cpu(f"frame {f['frame']}", f["t"], now - f["t"],
+                           {"chunks": f["chunks"], "train_chunks": f["train_chunks"], "ml_est_ms": f["ml_est_ms"]})
+        if f["pending"] == 0:
+            self._complete(f)
+        self.stats.append(f)
+
+    def submit(self, encoder) -> None:
+        """finish(encoder), submit it to the queue, submitted(). Never waits for the GPU."""
+        self.finish(encoder)
+        self.device.queue.submit([encoder.finish()])
+        self.submitted()
+
+    # ------------------------------------------------------------- measurements
+    def _poll(self) -> None:
+        if self.timer is None:
+            return
+        for (frame, p), begin_ns, ms in self.timer.poll():
+            p["ms"] = ms
+            if p["key"] is not None:
+                self.costs.add(p["key"], ms, p["dispatches"])
+            if frame is None:
+                continue
+            if self.trace is not None:
+                self.trace.gpu(p["label"], begin_ns, ms, frame.get("t_submit", frame["t"]), {"frame": frame["frame"]})
+            frame["pending"] -= 1
+            if frame["pending"] == 0:
+                self._complete(frame)
+
+    def _complete(self, f) -> None:
+        if not all(p["ms"] is not None for p in f["passes"]):
+            return  # an untimed frame: estimates only
+        ml = [p["ms"] for p in f["passes"] if p["kind"] == "ml"]
+        f["ml_ms"], f["max_chunk_ms"] = sum(ml), max(ml, default=0.0)
+        f["render_ms"] = sum(p["ms"] for p in f["passes"] if p["kind"] == "render")
+        if self.trace is not None:
+            self.trace.counter("ms per frame", f["t"], {"ml": f["ml_ms"], "render": f["render_ms"],
+                                                        "budget": self.budget_ms})
+
+    def poll(self) -> None:
+        """Take in timings that arrived (record() does this each frame); never waits."""
+        self._poll()
+
+    def _wait_idle(self) -> None:
+        enc = self.device.create_command_encoder()
+        enc.clear_buffer(self._fence, 0, 8)
+        self.device.queue.submit([enc.finish()])
+        self._fence.map_sync(self._wgpu.MapMode.READ)
+        self._fence.unmap()
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Blocking: wait for the GPU and for every pending timing. Not for use inside a frame."""
+        if self._frame is not None:
+            raise RuntimeError("flush() inside a frame: submit the frame first")
+        self._wait_idle()
+        end = time.perf_counter() + timeout
+        while self.timer is not None and self.timer.pending and time.perf_counter() < end:
+            self._poll()
+            time.sleep(0.001)
+        self._poll()
+
+    def close(self) -> None:
+        """Wait for the last timings and write the trace file (when one was asked for)."""
+        self.flush()
+        if self.trace is not None:
+            self.trace.write(self.trace_path)
+
+    def summary(self) -> dict:
+        frames = list(self.stats)
+        ml = [f["ml_ms"] for f in frames if f["ml_ms"] is not None]
+        est = [f["ml_est_ms"] for f in frames]
+
+        def pct(v, q):
+            return round(float(np.percentile(v, q)), 3) if v else None
+
+        return {"frames": len(frames), "budget_ms": self.budget_ms, "timestamps": self.timestamps,
+                "ml_ms_p50": pct(ml, 50), "ml_ms_max": round(max(ml), 3) if ml else None,
+                "ml_est_ms_p50": pct(est, 50),
+                "render_ms_p50": pct([f["render_ms"] for f in frames if f["render_ms"] is not None], 50),
+                "cpu_ms_p50": pct([f["cpu_ms"] for f in frames], 50),
+                "chunks_per_frame": round(float(np.mean([f["chunks"] for f in frames])), 2) if frames else 0,
+                "train_steps": self.steps_done}
