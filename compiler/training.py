@@ -46,7 +46,7 @@ def build_training_graph(forward: Graph, cfg: TrainConfig) -> Graph:
         raise ValueError(f"unknown loss {cfg.loss!r}: use cross_entropy or mse")
     if cfg.optimizer not in ("sgd", "adamw"):
         raise ValueError(f"unknown optimizer {cfg.optimizer!r}: use sgd or adamw")
-    g = copy.deepcopy(forward)
+    g = train_mode(forward)
     e = Emitter(g)
     out_name = cfg.output or _only_output(g)
     pred = g.outputs[out_name]
@@ -77,6 +77,37 @@ def build_training_graph(forward: Graph, cfg: TrainConfig) -> Graph:
         _sgd(e, trainable, grads, lr, cfg)
     else:
         _adamw(e, trainable, grads, lr, cfg)
+    return g
+
+
+def train_mode(forward: Graph, momentum_default: float = 0.1) -> Graph:
+    """A copy of the forward graph as it runs in training: batch norms normalise with the
+    batch's statistics and update their running statistics (as torch's train() mode)."""
+    from dataclasses import replace
+
+    from .ir import make_attrs
+
+    g = copy.deepcopy(forward)
+    e = Emitter(g)
+    updates = {}
+    for i, n in enumerate(list(g.nodes)):
+        if n.op != "batch_norm" or n.attr("training"):
+            continue
+        g.nodes[i] = replace(n, attrs=make_attrs(**{**dict(n.attrs), "training": True}))
+        x, _, _, rm, rv = n.inputs
+        shape = g.nodes[x].shape
+        axes = tuple(a for a in range(len(shape)) if a != 1)
+        count = int(np.prod([shape[a] for a in axes]))
+        mom = n.attr("momentum", momentum_default)
+        mean = e.scale(e.op("reduce_sum", x, axes=axes, keepdims=False), 1.0 / count)
+        d = e.op("sub", x, e.reshape(mean, (1, shape[1]) + (1,) * (len(shape) - 2)))
+        var = e.scale(e.op("reduce_sum", e.op("mul", d, d), axes=axes, keepdims=False), 1.0 / max(count - 1, 1))
+        for leaf, stat in ((rm, mean), (rv, var)):  # running = (1 - momentum) running + momentum batch
+            name = g.nodes[leaf].attr("name")
+            if g.nodes[leaf].op == "param":
+                g.frozen.add(name)
+                updates[name] = e.op("add", e.scale(leaf, 1 - mom), e.scale(stat, mom))
+    g.assigns.update(updates)
     return g
 
 
