@@ -70,6 +70,19 @@ def schedule(graph: Graph) -> Schedule:
         if ok and cheap:
             inlined.add(i)
 
+    # a fused chain must fit the device's bindings: materialize inner nodes until it does
+    changed = True
+    while changed:
+        changed = False
+        for r in sorted(live):
+            if r in inlined or not is_elementwise(nodes[r].op) or nodes[r].op == "const":
+                continue
+            members = _members(graph, r, inlined)
+            if len(_external_reads(graph, members)) + 1 > MAX_BINDINGS and len(members) > 1:
+                inner = sorted(members - {r}, key=lambda i: len(_external_reads(graph, _members(graph, i, inlined))))
+                inlined.discard(inner[-1])
+                changed = True
+
     # 2. kernels
     roots = [i for i in sorted(live) if nodes[i].op not in ("input", "param", "state", "constant", "const", "reshape")
              and i not in inlined]

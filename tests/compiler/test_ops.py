@@ -12,21 +12,24 @@ match torch to 1e-9, the GPU (float32) to 1e-4. Shapes are odd on purpose (7x13,
 130x70x100 ...) so that no size is a multiple of a tile or a workgroup, and broadcasting
 runs in both directions.
 
-Non-differentiable ops (eq, step, cast, one_hot, gelu_grad) get forward-only checks
-against numpy (gelu_grad against torch autograd of gelu).
+Non-differentiable ops (eq, step, cast, one_hot) get forward-only checks against numpy;
+the gradient helper ops (gelu_grad, silu_grad, conv2d_weight_grad, max/avg_pool2d_grad,
+scatter_add) against torch autograd of the op they differentiate.
+
+CASES and FWD_CASES are imported by test_op_table.py, which fails when an op of the table
+has no case here.
 """
 from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from meganeura.compiler.autodiff import gradients
 from meganeura.compiler.builder import Builder
 from meganeura.compiler.interpret import run_graph
@@ -168,7 +171,7 @@ for _ap in ("none", "tanh"):
            lambda t, _ap=_ap: F.gelu(t["a"], approximate=_ap))
 
 # --- pow: any exponent on positive bases, integer exponents on negative ones too
-for _c in (2.0, 3.0, 0.5, -1.0, 2.5, 1.0):
+for _c in (2.0, 3.0, 0.5, -1.0, 2.5, 1.0, 0.0, -0.5):
     _unary(f"pow{_c:g}_pos", "pow", lambda r, s: uniform(r, 0.2, 3.0, s),
            lambda b, t, _c=_c: b.pow(t["a"], _c), lambda t, _c=_c: torch.pow(t["a"], _c),
            shapes=((7, 13),))
@@ -209,7 +212,7 @@ for _s, _to in (((5, 1), (5, 6)), ((6,), (4, 6)), ((), (3, 5)), ((3, 1, 17), (2,
 REDUCE_AXES = [((3, 5, 17), (2,)), ((3, 5, 17), (0,)), ((3, 5, 17), (1,)), ((3, 5, 17), (0, 1)),
                ((3, 5, 17), (1, 2)), ((3, 5, 17), (0, 2)), ((3, 5, 17), (0, 1, 2)), ((3, 5, 17), (-1,)),
                ((2, 3, 5, 7), (0, 2)), ((2, 3, 5, 7), (1, 3)), ((2, 3, 5, 7), (0, 3)),
-               ((3, 300), (1,)), ((300, 3), (0,)), ((7, 13), (0, 1))]
+               ((3, 300), (1,)), ((300, 3), (0,)), ((7, 13), (0, 1)), ((5, 1, 7), (1,))]
 for _op, _bf, _tf in (("reduce_sum", "sum", lambda x, ax, kd: torch.sum(x, dim=ax, keepdim=kd)),
                       ("reduce_max", "max", lambda x, ax, kd: torch.amax(x, dim=ax, keepdim=kd))):
     for _s, _ax in REDUCE_AXES:
@@ -218,6 +221,11 @@ for _op, _bf, _tf in (("reduce_sum", "sum", lambda x, ax, kd: torch.sum(x, dim=a
             add_case(_id, _op, {"a": normal(_rng(_id), _s)},  # continuous values: no ties for max
                      lambda b, t, _bf=_bf, _ax=_ax, _kd=_kd: getattr(b, _bf)(t["a"], _ax, _kd),
                      lambda t, _tf=_tf, _ax=_ax, _kd=_kd: _tf(t["a"], _ax, _kd))
+
+
+_id = "reduce_sum-66000x3-ax1-drop"  # one workgroup per row, past 65535 rows: a 2-D grid
+add_case(_id, "reduce_sum", {"a": normal(_rng(_id), (66000, 3))}, lambda b, t: b.sum(t["a"], (1,), False),
+         lambda t: t["a"].sum(1))
 
 
 # --- matmul: all transposes, edge tiles, several workgroups, batches that broadcast
@@ -233,7 +241,7 @@ _MM = [(67, 45, 33, ta, tb, (), ()) for ta in (False, True) for tb in (False, Tr
 _MM += [(130, 70, 100, False, False, (), ()), (130, 70, 100, True, True, (), ()),
         (19, 23, 17, False, False, (1,), (4,)), (19, 23, 17, True, False, (4,), (1,)),
         (19, 23, 17, False, True, (2, 3), (3,)), (19, 23, 17, False, False, (4,), ()),
-        (1, 5, 3, False, False, (), ()), (65, 1, 70, False, True, (), ())]
+        (1, 5, 3, False, False, (), ()), (65, 1, 70, False, True, (), ()), (7, 9, 1, False, False, (), ())]
 for _m, _n, _k, _ta, _tb, _ba, _bb in _MM:
     _sa, _sb = _mm_shapes(_m, _n, _k, _ta, _tb, _ba, _bb)
     _id = f"matmul-{_sh(_sa)}{'T' if _ta else ''}-{_sh(_sb)}{'T' if _tb else ''}"
@@ -251,6 +259,10 @@ for _op, _tf in (("softmax", torch.softmax), ("log_softmax", torch.log_softmax))
         _id = f"{_op}-{_sh(_s)}-s{_scale:g}"
         add_case(_id, _op, {"a": normal(_rng(_id), _s, _scale)},
                  lambda b, t, _op=_op: getattr(b, _op)(t["a"]), lambda t, _tf=_tf: _tf(t["a"], -1))
+    # more rows than one dispatch dimension holds (65535 workgroups): the grid folds into 2-D
+    _id = f"{_op}-66000x2"
+    add_case(_id, _op, {"a": normal(_rng(_id), (66000, 2))},
+             lambda b, t, _op=_op: getattr(b, _op)(t["a"]), lambda t, _tf=_tf: _tf(t["a"], -1))
     _id = f"{_op}-axis0-7x5"  # the builder transposes around the last-axis kernel
     add_case(_id, _op, {"a": normal(_rng(_id), (7, 5))},
              lambda b, t, _op=_op: getattr(b, _op)(t["a"], axis=0), lambda t, _tf=_tf: _tf(t["a"], 0))
@@ -373,9 +385,9 @@ def _convT_t(x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=
 
 
 _CONV = [  # x shape, w shape, attrs
-    ((2, 3, 11, 9), (5, 3, 3, 3), dict(padding=(1, 1, 1, 1))),
-    ((2, 3, 11, 9), (4, 3, 3, 2), dict(stride=(2, 3), padding=(1, 0, 2, 1), dilation=(2, 1))),
-    ((1, 6, 9, 7), (9, 2, 3, 3), dict(stride=(2, 2), padding=(0, 1, 1, 0), groups=3)),
+    ((2, 3, 11, 9), (5, 3, 3, 3), {"padding": (1, 1, 1, 1)}),
+    ((2, 3, 11, 9), (4, 3, 3, 2), {"stride": (2, 3), "padding": (1, 0, 2, 1), "dilation": (2, 1)}),
+    ((1, 6, 9, 7), (9, 2, 3, 3), {"stride": (2, 2), "padding": (0, 1, 1, 0), "groups": 3}),
     ((2, 5, 13, 17), (70, 5, 1, 1), {}),  # a 1x1 conv: M, N, K past one 64x64 tile
 ]
 for _xs, _ws, _at in _CONV:
@@ -387,8 +399,8 @@ for _xs, _ws, _at in _CONV:
              lambda t, _at=_at: _conv_t(t["a"], t["b"], **_at))
 
 _CONVT = [
-    ((2, 4, 5, 6), (4, 3, 3, 3), dict(stride=(2, 2), padding=(1, 1, 1, 1), output_padding=(1, 0))),
-    ((1, 6, 4, 5), (6, 2, 3, 2), dict(stride=(1, 2), padding=(0, 1, 2, 0), groups=3, dilation=(2, 1))),
+    ((2, 4, 5, 6), (4, 3, 3, 3), {"stride": (2, 2), "padding": (1, 1, 1, 1), "output_padding": (1, 0)}),
+    ((1, 6, 4, 5), (6, 2, 3, 2), {"stride": (1, 2), "padding": (0, 1, 2, 0), "groups": 3, "dilation": (2, 1)}),
 ]
 for _xs, _ws, _at in _CONVT:
     _id = f"conv_transpose2d-{_sh(_xs)}-{_sh(_ws)}"
@@ -398,9 +410,9 @@ for _xs, _ws, _at in _CONVT:
              lambda t, _at=_at: _convT_t(t["a"], t["b"], **_at))
 
 _POOL = [  # x shape, attrs (symmetric padding, as torch takes it)
-    ((2, 3, 7, 9), dict(kernel=(2, 2))),
-    ((2, 3, 11, 8), dict(kernel=(3, 3), stride=(2, 2), padding=(1, 1, 1, 1), ceil_mode=True)),
-    ((1, 2, 9, 10), dict(kernel=(3, 2), stride=(2, 1), padding=(1, 0, 1, 0))),
+    ((2, 3, 7, 9), {"kernel": (2, 2)}),
+    ((2, 3, 11, 8), {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1, 1, 1), "ceil_mode": True}),
+    ((1, 2, 9, 10), {"kernel": (3, 2), "stride": (2, 1), "padding": (1, 0, 1, 0)}),
 ]
 
 
@@ -438,7 +450,8 @@ for _s, _st, _sp, _out in _SLICES:
     add_case(_id, "slice", {"a": normal(_rng(_id), _s)},
              lambda b, t, _st=_st, _sp=_sp, _out=_out: b.op("slice", t["a"], starts=_st, steps=_sp, shape=_out),
              lambda t, _st=_st, _sp=_sp, _out=_out: t["a"][_index(_st, _sp, _out)])
-for _s, _st, _sp, _out, _v in (((3, 4), (1, 2), (2, 3), (7, 13), 0.0), ((3, 5, 9), (0, 4, 16), (1, -1, -2), (3, 5, 17), 1.5),
+for _s, _st, _sp, _out, _v in (((3, 4), (1, 2), (2, 3), (7, 13), 0.0),
+                               ((3, 5, 9), (0, 4, 16), (1, -1, -2), (3, 5, 17), 1.5),
                                ((1, 3, 11), (2, 1, 3), (1, 1, 1), (3, 5, 17), -2.0)):
     _id = f"pad-{_sh(_s)}-{_sh(_out)}-v{_v:g}"
 
@@ -453,7 +466,8 @@ for _s, _st, _sp, _out, _v in (((3, 4), (1, 2), (2, 3), (7, 13), 0.0), ((3, 5, 9
 for _sc, _sa, _sb in (((7, 13), (7, 13), ()), ((5, 1), (1, 6), (5, 6)), ((4, 6), (6,), (4, 1))):
     _id = f"where-{_sh(_sc)}-{_sh(_sa)}-{_sh(_sb)}"
     _r = _rng(_id)
-    add_case(_id, "where", {"cond": f32(_r.random(_sc) < 0.5), "a": normal(_r, _sa), "b": normal(_r, _sb)},
+    _cond = with_values(_r.random(_sc) < 0.5, [1.0, 0.0])  # both branches taken
+    add_case(_id, "where", {"cond": _cond, "a": normal(_r, _sa), "b": normal(_r, _sb)},
              lambda b, t: b.where(t["cond"], t["a"], t["b"]), lambda t: torch.where(t["cond"] != 0, t["a"], t["b"]),
              wrt=("a", "b"))
 
@@ -545,9 +559,9 @@ def _attention_torch(t, causal=False, scale=None):
 
 _ATTN = [  # q, k, v shapes, mask shape or None, attrs
     ((2, 4, 5, 8), (2, 4, 7, 8), (2, 4, 7, 6), None, {}),
-    ((2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 6), None, dict(causal=True)),  # grouped-query heads
-    ((1, 6, 9, 4), (1, 3, 9, 4), (1, 3, 9, 5), (1, 1, 9, 9), dict(scale=0.3)),
-    ((2, 2, 3, 5), (2, 1, 6, 5), (2, 1, 6, 3), (2, 2, 3, 6), dict(causal=True)),
+    ((2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 6), None, {"causal": True}),  # grouped-query heads
+    ((1, 6, 9, 4), (1, 3, 9, 4), (1, 3, 9, 5), (1, 1, 9, 9), {"scale": 0.3}),
+    ((2, 2, 3, 5), (2, 1, 6, 5), (2, 1, 6, 3), (2, 2, 3, 6), {"causal": True}),
 ]
 for _q, _k, _v, _m, _at in _ATTN:
     _id = f"attention-{_sh(_q)}-{_sh(_k)}-{_sh(_v)}" + (f"-mask{_sh(_m)}" if _m else "") + "".join(
@@ -575,12 +589,14 @@ for _xs, _cs in (((2, 3, 5, 8), (5, 8)), ((1, 2, 7, 6), (1, 1, 7, 6))):
              lambda b, t: b.rope(t["a"], t["b"], t["c"]), _rope_t)
 
 _RESIZE = [  # x shape, output size, our attrs, torch interpolate kwargs
-    ((2, 3, 5, 7), (9, 4), dict(mode="linear", transform="pytorch_half_pixel"),
-     dict(mode="bilinear", align_corners=False)),
-    ((1, 2, 5, 7), (9, 13), dict(mode="linear", transform="align_corners"), dict(mode="bilinear", align_corners=True)),
-    ((2, 2, 5, 7), (8, 11), dict(mode="cubic", transform="half_pixel", cubic_a=-0.75),
-     dict(mode="bicubic", align_corners=False)),
-    ((2, 3, 5, 7), (9, 4), dict(mode="nearest", transform="asymmetric", nearest_mode="floor"), dict(mode="nearest")),
+    ((2, 3, 5, 7), (9, 4), {"mode": "linear", "transform": "pytorch_half_pixel"},
+     {"mode": "bilinear", "align_corners": False}),
+    ((1, 2, 5, 7), (9, 13), {"mode": "linear", "transform": "align_corners"},
+     {"mode": "bilinear", "align_corners": True}),
+    ((2, 2, 5, 7), (8, 11), {"mode": "cubic", "transform": "half_pixel", "cubic_a": -0.75},
+     {"mode": "bicubic", "align_corners": False}),
+    ((2, 3, 5, 7), (9, 4), {"mode": "nearest", "transform": "asymmetric", "nearest_mode": "floor"},
+     {"mode": "nearest"}),
 ]
 for _xs, _size, _at, _tk in _RESIZE:
     _id = f"resize-{_at['mode']}-{_at['transform']}-{_sh(_xs)}-{_sh(_size)}"
@@ -650,7 +666,8 @@ for _xs, _at in _POOL:
              exact=False)
 
 _fwd("scatter_add-4x3x5-rows9", "scatter_add",
-     {"a": normal(_rng("scatter"), (4, 3, 5)), "idx": np.array([[0, 8, 0], [-1, 2, 0], [3, 3, 3], [7, 0, -9]], np.int32)},
+     {"a": normal(_rng("scatter"), (4, 3, 5)),
+      "idx": np.array([[0, 8, 0], [-1, 2, 0], [3, 3, 3], [7, 0, -9]], np.int32)},
      lambda b, t: b.scatter_add(t["a"], t["idx"], rows=9),
      lambda v: torch.zeros(9, 5, dtype=torch.float64).index_add_(
          0, torch.tensor(v["idx"].reshape(-1).astype(np.int64) % 9), torch.tensor(v["a"].reshape(-1, 5))).numpy(),

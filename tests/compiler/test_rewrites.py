@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from meganeura.compiler.autodiff import gradients
 from meganeura.compiler.builder import Builder
 from meganeura.compiler.emit import Emitter

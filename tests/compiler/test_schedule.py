@@ -1,0 +1,54 @@
+"""Scheduling: fusion decisions, binding limits, in-place updates after their readers."""
+import numpy as np
+
+from meganeura.compiler import Builder, TrainConfig, compile_model, run_graph
+from meganeura.compiler.prepare import prepare
+from meganeura.compiler.schedule import MAX_BINDINGS, schedule
+from meganeura.compiler.training import build_training_graph
+from meganeura.runtime import Package, Session
+
+
+def test_a_wide_elementwise_chain_is_split_to_fit_the_bindings(device):
+    b = Builder()
+    xs = [b.input(f"x{i}", (5, 3)) for i in range(40)]
+    acc = xs[0]
+    for x in xs[1:]:
+        acc = acc * 0.9 + b.exp(x)
+    b.output("y", acc)
+    model = b.build()
+    sched = schedule(prepare(model.graph))
+    assert all(len(k.reads) + len(k.roots) <= MAX_BINDINGS for k in sched.kernels)
+    vals = {f"x{i}": np.random.default_rng(i).random((5, 3)) for i in range(40)}
+    got = Session(device, Package.from_bytes(compile_model(model))).run("infer", vals)["y"]
+    ref = run_graph(model.graph, vals)[0]["y"]
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-6
+
+
+def _mlp():
+    b = Builder()
+    x = b.input("x", (8, 6))
+    rng = np.random.default_rng(0)
+    h = b.relu(b.linear(x, b.param("a.weight", rng.standard_normal((7, 6))), b.param("a.bias", np.zeros(7))))
+    b.output("y", b.linear(h, b.param("b.weight", rng.standard_normal((3, 7))), b.param("b.bias", np.zeros(3))))
+    return b.build()
+
+
+def test_optimizer_updates_write_in_place_after_every_reader():
+    g = prepare(build_training_graph(_mlp().graph, TrainConfig(optimizer="adamw")))
+    sched = schedule(g)
+    params = {n.attr("name"): i for i, n in enumerate(g.nodes) if n.op == "param"}
+    writer = {}
+    for pos, k in enumerate(sched.kernels):
+        for r in k.roots:
+            if sched.storage.get(r) in params.values():
+                writer[sched.storage[r]] = pos
+    assert set(writer) == set(params.values())  # every weight updated in place, no copies
+    for leaf, pos in writer.items():
+        readers = [i for i, k in enumerate(sched.kernels) if leaf in k.reads and i != pos]
+        assert all(i < pos for i in readers)
+
+
+def test_matmul_bias_relu_fuse_and_scalars_stay_cheap():
+    sched = schedule(prepare(_mlp().graph))
+    kinds = [k.kind for k in sched.kernels]
+    assert kinds == ["matmul", "elementwise", "matmul", "elementwise"], kinds
