@@ -21,9 +21,10 @@ MAX_GROUPS = 65535
 class KernelCode:
     wgsl: str
     workgroup_size: tuple
-    bindings: list  # [(storage node id, "read" | "read_write")]
+    bindings: list  # [(storage node id or temp key, "read" | "read_write")]
     workgroups: tuple
     label: str
+    temps: dict = None  # temp key -> bytes: scratch private to this kernel's dispatches
 
 
 def grid(count: int) -> tuple:
@@ -234,14 +235,69 @@ INNER = "\n".join(
     f"        let a{kk} = a_tile[{kk * 16}u + lid.y];\n        let b{kk} = b_tile[{kk * 16}u + lid.x];\n"
     + "\n".join(f"        acc{r} = acc{r} + a{kk}.{c} * b{kk};" for r, c in enumerate("xyzw"))
     for kk in range(16))
+INNER128 = "\n".join(
+    f"        let a{kk}l = a_tile[{kk * 32}u + lid.y * 2u];\n        let a{kk}h = a_tile[{kk * 32}u + lid.y * 2u + 1u];\n"
+    f"        let b{kk}l = b_tile[{kk * 32}u + lid.x * 2u];\n        let b{kk}h = b_tile[{kk * 32}u + lid.x * 2u + 1u];\n"
+    + "\n".join(f"        acc{r}l = acc{r}l + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}l;\n"
+                f"        acc{r}h = acc{r}h + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}h;" for r in range(8))
+    for kk in range(8))
+ACC128 = "\n".join(f"    var acc{r}{h} = vec4<f32>(0.0);" for r in range(8) for h in "lh")
+STORES128 = "\n".join(
+    f"    store(g, slice, r + {r}u, c + {4 * (h == 'h') + i}u, acc{r}{h}.{comp});"
+    for r in range(8) for h in "lh" for i, comp in enumerate("xyzw"))
+_temp_ids = iter(range(1 << 62))
+
+
+def split_factor(m: int, n: int, k: int, groups: int, tile: int) -> int:
+    """Split K when the output tiles alone cannot fill the GPU (skinny GEMMs, weight
+    gradients): aim for ~256 workgroups with slices of at least 256 along K."""
+    tiles = -(-m // tile) * -(-n // tile) * groups
+    if tiles >= 128 or k < 512 or tile == 128:  # big tiles only for big M and N: enough work
+        return 1
+    return max(1, min(64, -(-256 // tiles), k // 256))
 
 
 def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, load_b: str, store: str,
-          label: str, names=("a", "b", "c")) -> KernelCode:
-    """An implicit-GEMM kernel from WGSL bodies of load_a(g, m, k), load_b(g, k, n), store(g, m, n, v)."""
-    wgsl = render("igemm", BINDINGS=bind.decls(list(names)), M=m, N=n, K=k, LOAD_A=load_a, LOAD_B=load_b,
-                  STORE=store, INNER_LOOP=INNER)
-    return KernelCode(wgsl, (16, 16, 1), bind.list(), (-(-n // 64), -(-m // 64), groups), label)
+          label: str, names=("a", "b", "c")):
+    """Implicit-GEMM kernel(s) from WGSL bodies of load_a(g, m, k), load_b(g, k, n) and
+    store(g, m, n, v). Returns one KernelCode, or two with split-K (partials + sum)."""
+    big = m >= 512 and n >= 512
+    tile, bk = (128, 8) if big else (64, 16)
+    split = split_factor(m, n, k, groups, tile)
+    ks = -(-(-(-k // split)) // bk) * bk  # slice length, a multiple of the K step
+    split = -(-k // ks)
+    common = dict(M=m, N=n, K=k, SPLIT=split, KS=ks, LOAD_A=load_a, LOAD_B=load_b)
+    if split == 1:
+        decls, st = bind.decls(list(names)), store
+        slots = bind.list()
+    else:  # the GEMM kernel writes [slice, g, m, n] partials into a temp buffer
+        temp = ("temp", next(_temp_ids))
+        slots = bind.list()[:2] + [(temp, "read_write")]
+        decls = "\n".join(bind.decls(list(names)).splitlines()[:2]) + \
+            "\n@group(0) @binding(2) var<storage, read_write> partial: array<f32>;"
+        st = f"    partial[((slice * {groups}u + g) * {m}u + m) * {n}u + n] = v;"
+    if big:
+        wgsl = render("igemm128", BINDINGS=decls, STORE=st, ACC_DECL=ACC128, INNER_LOOP=INNER128,
+                      STORES=STORES128, **common)
+    else:
+        wgsl = render("igemm", BINDINGS=decls, STORE=st, INNER_LOOP=INNER, **common)
+    code = KernelCode(wgsl, (16, 16, 1), slots, (-(-n // tile), -(-m // tile), groups * split), label)
+    if split == 1:
+        return code
+    code.temps = {temp: split * groups * m * n * 4}
+    total = groups * m * n
+    body = "\n".join([
+        f"    let g = idx / {m * n}u;", f"    let m = (idx / {n}u) % {m}u;", f"    let n = idx % {n}u;",
+        "    var v = 0.0;",
+        f"    for (var s = 0u; s < {split}u; s++) {{ v += partial[s * {total}u + idx]; }}",
+        store.replace("    ", "    ", 1)])
+    out_name = names[2]
+    out_slot = bind.list()[2]
+    decls2 = (f"@group(0) @binding(0) var<storage, read> partial: array<f32>;\n"
+              f"@group(0) @binding(1) var<storage, read_write> {out_name}: array<f32>;")
+    wgsl2 = render("map", BINDINGS=decls2, TOTAL=total, BODY=body)
+    reduce = KernelCode(wgsl2, (WG, 1, 1), [(temp, "read"), out_slot], grid(-(-total // WG)), label + "/splitk-sum")
+    return [code, reduce]
 
 
 def _batch_offset(batch_shape, src_shape, var):

@@ -64,7 +64,15 @@ class PackageBuilder:
 
     def add_program(self, name: str, sched: Schedule, extra: dict | None = None):
         g = sched.graph
-        codes = [generate(sched, k) for k in sched.kernels]
+        codes, temps = [], {}
+        for k in sched.kernels:
+            c = generate(sched, k)
+            codes.extend(c if isinstance(c, list) else [c])
+        for c in codes:
+            temps.update(c.temps or {})
+
+        def size_of(s):
+            return temps[s] if s in temps else nbytes(g.nodes[s])
         buffer_of = {}  # storage node id -> buffer
         for i, n in enumerate(g.nodes):
             if n.op in ("input", "param", "state", "constant"):
@@ -86,7 +94,7 @@ class PackageBuilder:
         sizes = {}
         for k in range(end):
             for s in [s for s, f in first.items() if f == k]:
-                need = nbytes(g.nodes[s])
+                need = size_of(s)
                 fit = [b for b in free if self.buffers[b] >= need]
                 if fit:
                     b = min(fit, key=lambda b: self.buffers[b])
@@ -103,7 +111,7 @@ class PackageBuilder:
                 peak = max(peak, in_use)
             for s in [s for s, l_ in last.items() if l_ == k]:
                 free.append(buffer_of[s])
-                in_use -= nbytes(g.nodes[s])
+                in_use -= size_of(s)
         outputs = {}
         for oname, s in outs.items():
             n = g.nodes[g.outputs[oname]]

@@ -9,6 +9,8 @@
 const M: u32 = {{M}}u;
 const N: u32 = {{N}}u;
 const K: u32 = {{K}}u;
+const SPLIT: u32 = {{SPLIT}}u;  // K is cut into SPLIT slices of KS (split-K), summed by a second kernel
+const KS: u32 = {{KS}}u;
 
 var<workgroup> a_tile: array<vec4<f32>, 256>;  // [16 k][16 row groups of 4]
 var<workgroup> b_tile: array<vec4<f32>, 256>;  // [16 k][16 col groups of 4]
@@ -27,7 +29,7 @@ fn load_b(g: u32, k: u32, n: u32) -> f32 {
 {{LOAD_B}}
 }
 
-fn store(g: u32, m: u32, n: u32, v: f32) {
+fn store(g: u32, slice: u32, m: u32, n: u32, v: f32) {
     if (m >= M || n >= N) {
         return;
     }
@@ -36,7 +38,9 @@ fn store(g: u32, m: u32, n: u32, v: f32) {
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let g = wg.z;
+    let g = wg.z / SPLIT;
+    let slice = wg.z % SPLIT;
+    let k_end = min(K, (slice + 1u) * KS);
     let row0 = wg.y * 64u;
     let col0 = wg.x * 64u;
     let tid = lid.y * 16u + lid.x;
@@ -47,7 +51,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
-    for (var k0 = 0u; k0 < K; k0 = k0 + 16u) {
+    for (var k0 = slice * KS; k0 < k_end; k0 = k0 + 16u) {
         let m = row0 + lg * 4u;
         let k = k0 + lk;
         a_tile[tid] = vec4<f32>(load_a(g, m, k), load_a(g, m + 1u, k), load_a(g, m + 2u, k), load_a(g, m + 3u, k));
@@ -59,8 +63,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     }
     let r = row0 + lid.y * 4u;
     let c = col0 + lid.x * 4u;
-    store(g, r, c, acc0.x); store(g, r, c + 1u, acc0.y); store(g, r, c + 2u, acc0.z); store(g, r, c + 3u, acc0.w);
-    store(g, r + 1u, c, acc1.x); store(g, r + 1u, c + 1u, acc1.y); store(g, r + 1u, c + 2u, acc1.z); store(g, r + 1u, c + 3u, acc1.w);
-    store(g, r + 2u, c, acc2.x); store(g, r + 2u, c + 1u, acc2.y); store(g, r + 2u, c + 2u, acc2.z); store(g, r + 2u, c + 3u, acc2.w);
-    store(g, r + 3u, c, acc3.x); store(g, r + 3u, c + 1u, acc3.y); store(g, r + 3u, c + 2u, acc3.z); store(g, r + 3u, c + 3u, acc3.w);
+    store(g, slice, r, c, acc0.x); store(g, slice, r, c + 1u, acc0.y); store(g, slice, r, c + 2u, acc0.z); store(g, slice, r, c + 3u, acc0.w);
+    store(g, slice, r + 1u, c, acc1.x); store(g, slice, r + 1u, c + 1u, acc1.y); store(g, slice, r + 1u, c + 2u, acc1.z); store(g, slice, r + 1u, c + 3u, acc1.w);
+    store(g, slice, r + 2u, c, acc2.x); store(g, slice, r + 2u, c + 1u, acc2.y); store(g, slice, r + 2u, c + 2u, acc2.z); store(g, slice, r + 2u, c + 3u, acc2.w);
+    store(g, slice, r + 3u, c, acc3.x); store(g, slice, r + 3u, c + 1u, acc3.y); store(g, slice, r + 3u, c + 2u, acc3.z); store(g, slice, r + 3u, c + 3u, acc3.w);
 }

@@ -1,0 +1,64 @@
+// Implicit GEMM, large-tile variant: a 128x128 output tile per workgroup of 256 threads,
+// 8x8 outputs per thread in sixteen vec4 accumulators (see igemm.wgsl for the contract).
+// Chosen for large M and N, where the wider tile halves the loads per multiply-add.
+// Accumulators (private arrays indexed in loops are a 60x trap on
+// NVIDIA). The operands are never materialised: load_a / load_b compute where each
+// element lives (a strided matrix for matmul; an im2col window for convolutions), and
+// store writes each result (where epilogues go). Edges are guarded: any M, N, K works.
+{{BINDINGS}}
+
+const M: u32 = {{M}}u;
+const N: u32 = {{N}}u;
+const K: u32 = {{K}}u;
+const SPLIT: u32 = {{SPLIT}}u;  // K is cut into SPLIT slices of KS (split-K), summed by a second kernel
+const KS: u32 = {{KS}}u;
+
+var<workgroup> a_tile: array<vec4<f32>, 256>;  // [8 k][32 row groups of 4]
+var<workgroup> b_tile: array<vec4<f32>, 256>;  // [8 k][32 col groups of 4]
+
+fn load_a(g: u32, m: u32, k: u32) -> f32 {
+    if (m >= M || k >= K) {
+        return 0.0;
+    }
+{{LOAD_A}}
+}
+
+fn load_b(g: u32, k: u32, n: u32) -> f32 {
+    if (k >= K || n >= N) {
+        return 0.0;
+    }
+{{LOAD_B}}
+}
+
+fn store(g: u32, slice: u32, m: u32, n: u32, v: f32) {
+    if (m >= M || n >= N) {
+        return;
+    }
+{{STORE}}
+}
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let g = wg.z / SPLIT;
+    let slice = wg.z % SPLIT;
+    let k_end = min(K, (slice + 1u) * KS);
+    let row0 = wg.y * 128u;
+    let col0 = wg.x * 128u;
+    let tid = lid.y * 16u + lid.x;
+    let lk = tid / 32u;
+    let lg = tid % 32u;
+{{ACC_DECL}}
+    for (var k0 = slice * KS; k0 < k_end; k0 = k0 + 8u) {
+        let m = row0 + lg * 4u;
+        let k = k0 + lk;
+        a_tile[tid] = vec4<f32>(load_a(g, m, k), load_a(g, m + 1u, k), load_a(g, m + 2u, k), load_a(g, m + 3u, k));
+        let n = col0 + lg * 4u;
+        b_tile[tid] = vec4<f32>(load_b(g, k, n), load_b(g, k, n + 1u), load_b(g, k, n + 2u), load_b(g, k, n + 3u));
+        workgroupBarrier();
+{{INNER_LOOP}}
+        workgroupBarrier();
+    }
+    let r = row0 + lid.y * 8u;
+    let c = col0 + lid.x * 8u;
+{{STORES}}
+}

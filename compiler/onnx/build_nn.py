@@ -1,0 +1,291 @@
+"""Graph builders for convolutions, pooling, normalisation and resizing. 1-D ops run
+as their 2-D row with a height of 1; 3-D ones are not supported."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops_nn import conv_out
+from .common import _Known, _ints
+
+
+def _spatial(im, x, op):
+    nd = len(x.shape) - 2
+    if nd not in (1, 2):
+        raise NotImplementedError(f"node {im.label!r}: {op} over {nd} spatial dimensions (only 1-D and 2-D)")
+    return nd
+
+
+def _to2d(im, t, nd):
+    return t if nd == 2 else im.b.reshape(t, t.shape[:2] + (1,) + t.shape[2:])
+
+
+def _pads(at, sizes, kernel, strides, dil, nd, op):
+    """(begin..., end...) with auto_pad resolved (SAME_*: the output is ceil(in / stride))."""
+    auto = at.get("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for n, k, s, d in zip(sizes, kernel, strides, dil):
+            total = max(0, (-(-n // s) - 1) * s + (k - 1) * d + 1 - n)
+            lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            begin.append(lo)
+            end.append(total - lo)
+        return begin + end
+    if auto == "VALID":
+        return [0] * (2 * nd)
+    if auto != "NOTSET":
+        raise NotImplementedError(f"{op} auto_pad {auto!r}")
+    return _ints(at.get("pads", [0] * (2 * nd)))
+
+
+def _geometry(at, x, kernel, nd, op):
+    """strides, dilations, padding (top, left, bottom, right) as the 2-D rows take them."""
+    strides = _ints(at.get("strides", [1] * nd))
+    dil = _ints(at.get("dilations", [1] * nd))
+    p = _pads(at, x.shape[2:], kernel, strides, dil, nd, op)
+    if nd == 1:
+        return (1, strides[0]), (1, dil[0]), (0, p[0], 0, p[1])
+    return tuple(strides), tuple(dil), (p[0], p[1], p[2], p[3])
+
+
+def _from2d(im, y, nd):
+    return y if nd == 2 else im.b.reshape(y, y.shape[:2] + y.shape[3:])
+
+
+def _bias(im, y, ins, i):
+    if len(ins) > i and ins[i]:
+        c = im.tensor(ins[i])
+        y = y + im.b.reshape(c, (c.shape[0], 1, 1))
+    return y
+
+
+def _b_conv(im, ins, at):
+    x, w = im.tensor(ins[0]), im.tensor(ins[1])
+    nd = _spatial(im, x, "Conv")
+    s, d, p = _geometry(at, x, w.shape[2:], nd, "Conv")
+    y = im.b.conv2d(_to2d(im, x, nd), _to2d(im, w, nd), stride=s, padding=p, dilation=d,
+                    groups=int(at.get("group", 1)))
+    return _from2d(im, _bias(im, y, ins, 2), nd)
+
+
+def _b_conv_transpose(im, ins, at):
+    x, w = im.tensor(ins[0]), im.tensor(ins[1])
+    nd = _spatial(im, x, "ConvTranspose")
+    sizes, kernel = x.shape[2:], w.shape[2:]
+    strides = _ints(at.get("strides", [1] * nd))
+    dil = _ints(at.get("dilations", [1] * nd))
+    outpad = _ints(at.get("output_padding", [0] * nd))
+    auto = at.get("auto_pad", "NOTSET")
+    if "output_shape" in at or auto in ("SAME_UPPER", "SAME_LOWER"):
+        want = _ints(at["output_shape"])[-nd:] if "output_shape" in at else [n * s for n, s in zip(sizes, strides)]
+        begin, end = [], []
+        for i in range(nd):
+            total = strides[i] * (sizes[i] - 1) + outpad[i] + (kernel[i] - 1) * dil[i] + 1 - want[i]
+            if total < 0:  # a larger output than the kernel covers: zeros at the end
+                outpad[i] -= total
+                total = 0
+            hi = total // 2 if auto != "SAME_UPPER" else total - total // 2
+            begin.append(total - hi)
+            end.append(hi)
+        pads = begin + end
+    elif auto == "VALID" or auto == "NOTSET":
+        pads = _ints(at.get("pads", [0] * (2 * nd))) if auto == "NOTSET" else [0] * (2 * nd)
+    else:
+        raise NotImplementedError(f"ConvTranspose auto_pad {auto!r}")
+    if nd == 1:
+        s, d, p, op = (1, strides[0]), (1, dil[0]), (0, pads[0], 0, pads[1]), (0, outpad[0])
+    else:
+        s, d, p, op = tuple(strides), tuple(dil), tuple(pads), tuple(outpad)
+    y = im.b.conv_transpose2d(_to2d(im, x, nd), _to2d(im, w, nd), stride=s, padding=p, dilation=d,
+                              groups=int(at.get("group", 1)), output_padding=op)
+    return _from2d(im, _bias(im, y, ins, 2), nd)
+
+
+def _b_pool(kind):
+    def build(im, ins, at):
+        x = im.tensor(ins[0])
+        op = "MaxPool" if kind == "max" else "AveragePool"
+        nd = _spatial(im, x, op)
+        if len(im.node.output) > 1 and im.node.output[1]:
+            raise NotImplementedError(f"node {im.label!r}: MaxPool's Indices output")
+        kernel = _ints(at["kernel_shape"])
+        s, d, p = _geometry(at, x, kernel, nd, op)
+        k = tuple(kernel) if nd == 2 else (1, kernel[0])
+        ceil = bool(at.get("ceil_mode", 0))
+        if kind == "max":
+            y = im.b.max_pool2d(_to2d(im, x, nd), kernel=k, stride=s, padding=p, dilation=d, ceil_mode=ceil)
+        else:
+            if d != (1, 1):
+                raise NotImplementedError(f"node {im.label!r}: AveragePool with dilations {list(d)}")
+            include = bool(at.get("count_include_pad", 0))
+            y = im.b.avg_pool2d(_to2d(im, x, nd), kernel=k, stride=s, padding=p, ceil_mode=ceil,
+                                count_include_pad=include)
+        return _from2d(im, y, nd)
+    return build
+
+
+def _b_global_pool(kind):
+    def build(im, ins, at):
+        x = im.tensor(ins[0])
+        axes = list(range(2, len(x.shape)))
+        return im.b.mean(x, axes, True) if kind == "mean" else im.b.max(x, axes, True)
+    return build
+
+
+# ---------------------------------------------------------------- normalisation
+def _freeze(im, name):
+    """A running statistic is never trained, also when the exporter said nothing."""
+    v = im.env[name]
+    if isinstance(v, _Known) and v.kind == "param" and v.tensor is None:
+        v.kind = "buffer"
+    return im.tensor(name)
+
+
+def _b_batch_norm(im, ins, at):
+    if at.get("training_mode", 0) or any(im.node.output[1:]):
+        raise NotImplementedError(f"node {im.label!r}: BatchNormalization in training mode")
+    x, scale, bias = (im.tensor(n) for n in ins[:3])
+    mean, var = _freeze(im, ins[3]), _freeze(im, ins[4])
+    return im.b.batch_norm(x, scale, bias, mean, var, eps=float(at.get("epsilon", 1e-5)), training=False)
+
+
+def _b_layer_norm(im, ins, at):
+    b, x = im.b, im.tensor(ins[0])
+    rank = len(x.shape)
+    axis = int(at.get("axis", -1)) % rank
+    eps = float(at.get("epsilon", 1e-5))
+    w = im.tensor(ins[1])
+    bias = im.tensor(ins[2]) if len(ins) > 2 and ins[2] else None
+    if not any(im.node.output[1:]):
+        return b.layer_norm(x, w, *([bias] if bias is not None else []), eps=eps, normalized_ndim=rank - axis)
+    axes = list(range(axis, rank))
+    mean = b.mean(x, axes, True)
+    d = x - mean
+    inv = b.pow(b.mean(d * d, axes, True) + eps, -0.5)
+    y = d * inv * w
+    return [y + bias if bias is not None else y, mean, inv]
+
+
+def _per_channel(im, name, channels, groups):
+    """GroupNormalization before opset 21 scales per group: repeat each to its channels."""
+    t = im.tensor(name)
+    if im.opset >= 21 or t.shape == (channels,) and groups == channels:
+        return t
+    if t.shape != (groups,):
+        raise ValueError(f"node {im.label!r}: scale/bias of shape {t.shape} for {groups} groups")
+    per = channels // groups
+    return im.b.reshape(im.b.op("broadcast_to", im.b.reshape(t, (groups, 1)), shape=(groups, per)), (channels,))
+
+
+def _b_group_norm(im, ins, at):
+    x = im.tensor(ins[0])
+    c, g = x.shape[1], int(at["num_groups"])
+    w, bias = (_per_channel(im, n, c, g) for n in ins[1:3])
+    return im.b.group_norm(x, w, bias, groups=g, eps=float(at.get("epsilon", 1e-5)))
+
+
+def _b_instance_norm(im, ins, at):
+    x = im.tensor(ins[0])
+    return im.b.group_norm(x, im.tensor(ins[1]), im.tensor(ins[2]), groups=x.shape[1],
+                           eps=float(at.get("epsilon", 1e-5)))
+
+
+def _b_rms_norm(im, ins, at):
+    x = im.tensor(ins[0])
+    rank = len(x.shape)
+    axis = int(at.get("axis", -1)) % rank
+    return im.b.rms_norm(x, im.tensor(ins[1]), eps=float(at.get("epsilon", 1e-5)), normalized_ndim=rank - axis)
+
+
+def _b_lp_norm(im, ins, at):
+    b, x = im.b, im.tensor(ins[0])
+    axis, p = int(at.get("axis", -1)) % len(x.shape), int(at.get("p", 2))
+    if p == 2:
+        return x / b.sqrt(b.sum(x * x, [axis], True))
+    if p == 1:
+        return x / b.sum(b.op("maximum", x, -x), [axis], True)
+    raise NotImplementedError(f"node {im.label!r}: LpNormalization with p={p}")
+
+
+def _b_mvn(im, ins, at):
+    b, x = im.b, im.tensor(ins[0])
+    axes = [a % len(x.shape) for a in _ints(at.get("axes", [0, 2, 3]))]
+    d = x - b.mean(x, axes, True)
+    return d / (b.sqrt(b.mean(d * d, axes, True)) + 1e-9)
+
+
+# ----------------------------------------------------------------------- resize
+_TRANSFORMS = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel")
+
+
+def _b_resize(im, ins, at):
+    x = im.tensor(ins[0])
+    rank = len(x.shape)
+    mode = at.get("mode", "nearest")
+    if im.node.op_type == "Upsample" or im.opset < 11:  # Upsample-9 / Resize-10: scales only
+        transform, nearest = "asymmetric", "floor"
+        scales = at.get("scales", im.opt(ins, 1, "scales"))
+        sizes = None
+    else:
+        transform = at.get("coordinate_transformation_mode", "half_pixel")
+        nearest = at.get("nearest_mode", "round_prefer_floor")
+        scales, sizes = im.opt(ins, 2, "scales"), im.opt(ins, 3, "sizes")
+        if scales is not None and np.asarray(scales).size == 0:
+            scales = None
+        if sizes is not None and np.asarray(sizes).size == 0:
+            sizes = None
+    mode = {"bilinear": "linear"}.get(mode, mode)
+    if transform not in _TRANSFORMS:
+        raise NotImplementedError(f"node {im.label!r}: Resize coordinate_transformation_mode {transform!r}")
+    if at.get("antialias", 0) or at.get("exclude_outside", 0):
+        raise NotImplementedError(f"node {im.label!r}: Resize with antialias or exclude_outside")
+    axes = [a % rank for a in _ints(at.get("axes", range(rank)))]
+    full_scale, full_size = [1.0] * rank, list(x.shape)
+    if sizes is not None:
+        sizes = _ints(sizes)
+        policy = at.get("keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch":
+            ratios = [sizes[i] / x.shape[a] for i, a in enumerate(axes)]
+            r = min(ratios) if policy == "not_larger" else max(ratios)
+            scales = [r] * len(axes)
+            sizes = [int(r * x.shape[a] + 0.5) for a in axes]
+        for i, a in enumerate(axes):
+            full_size[a] = sizes[i]
+            full_scale[a] = sizes[i] / x.shape[a]
+        if policy == "stretch":
+            scales = None
+    if scales is not None:
+        sc = [float(s) for s in np.asarray(scales).reshape(-1)]
+        for i, a in enumerate(axes):
+            full_scale[a] = sc[i]
+            if sizes is None:
+                full_size[a] = int(np.floor(x.shape[a] * sc[i] + 1e-9))
+    moved = [a for a in range(rank) if full_size[a] != x.shape[a] or full_scale[a] != 1.0]
+    if not moved:
+        return x
+    if moved[0] < rank - 2:
+        raise NotImplementedError(f"node {im.label!r}: Resize of axes {moved} (only the last two)")
+    y = x if rank >= 2 else im.b.reshape(x, (1,) + x.shape)
+    size = (full_size[-2] if rank >= 2 else 1, full_size[-1])
+    given = None if scales is None else ((full_scale[-2] if rank >= 2 else 1.0), full_scale[-1])
+    y = im.b.resize(y, size=size, scales=given, mode=mode, transform=transform,
+                    cubic_a=float(at.get("cubic_coeff_a", -0.75)), nearest_mode=nearest)
+    return y if rank >= 2 else im.b.reshape(y, y.shape[1:])
+
+
+BUILD_NN = {
+    "Conv": _b_conv,
+    "ConvTranspose": _b_conv_transpose,
+    "MaxPool": _b_pool("max"),
+    "AveragePool": _b_pool("avg"),
+    "GlobalAveragePool": _b_global_pool("mean"),
+    "GlobalMaxPool": _b_global_pool("max"),
+    "BatchNormalization": _b_batch_norm,
+    "LayerNormalization": _b_layer_norm,
+    "GroupNormalization": _b_group_norm,
+    "InstanceNormalization": _b_instance_norm,
+    "RMSNormalization": _b_rms_norm,
+    "LpNormalization": _b_lp_norm,
+    "MeanVarianceNormalization": _b_mvn,
+    "Resize": _b_resize,
+    "Upsample": _b_resize,
+}

@@ -1,0 +1,274 @@
+"""ONNX -> Model: the ops that torch.onnx.export writes (opsets 13-21, both exporters),
+and most of the ONNX node conformance suite that maps exactly onto meganeura's ops.
+
+    model = load_onnx("mlp.onnx", batch_size=64)
+
+Every ONNX value is either a graph Tensor (made with the Builder) or a known numpy
+array (`_Known`). Shape arithmetic (Shape, Gather, Concat, Unsqueeze, ...) whose inputs
+are all known is folded here with numpy, so the Graph only holds tensor math.
+
+Weights: float initializers become `Builder.param` named as the initializer, so that
+`save_weights` writes the source model's names. The dynamo exporter marks which
+initializers are PyTorch parameters (trainable) and buffers (frozen params); its other
+initializers are exporter constants, folded like Constant nodes. A known float array
+that must become a tensor is a scalar `Builder.const` when it has one element, else a
+frozen param (`const.<output name>` for Constant nodes). BatchNormalization's running
+mean and variance are always frozen.
+
+Both exporters fold `W.T` of a Linear applied to a 3-D input into a new initializer.
+The dynamo exporter records where it came from: W is imported under its PyTorch name
+and the MatMul becomes matmul(trans_b). The TorchScript exporter does not: its
+`onnx::MatMul_N` stays a trainable weight under that name unless the model is exported
+with `do_constant_folding=False`, which keeps Transpose(W) (imported as trans_b too).
+
+Booleans computed in the graph (Equal, Less, Not, ...) are float tensors holding 0 or 1
+("masks"); integer tensors (i32) are only moved around (Reshape, Gather, Slice, ...),
+cast, or used as gather indices. See docs/ONNX.md for the list of ops.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..builder import Builder, Model, Tensor
+from .common import _FLOAT, _FOLDED, _INT, _KIND, _Known, _attrs, _is_scalar, _names
+
+
+def load_onnx(source, batch_size: int | None = None) -> Model:
+    """Import an ONNX model (a path, bytes, or an onnx.ModelProto) into a Model.
+
+    A dynamic first dimension of a graph input becomes `batch_size` (default 64).
+    """
+    import onnx
+
+    if isinstance(source, (bytes, bytearray)):
+        proto = onnx.load_from_string(bytes(source))
+    elif isinstance(source, (str, os.PathLike)):
+        proto = onnx.load(os.fspath(source))
+    else:
+        proto = source
+    if len(proto.functions):
+        from onnx import inliner
+        proto = inliner.inline_local_functions(proto)
+    return _Importer(proto, 64 if batch_size is None else int(batch_size)).run()
+
+
+class _Importer:
+    def __init__(self, proto, batch_size):
+        from onnx import numpy_helper
+
+        self.proto, self.batch = proto, batch_size
+        self.opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 21)
+        self.b = Builder()
+        self.env = {"": None}
+        self.label = ""
+        self.node = None
+        self.masks = set()  # ids of float tensors that hold an ONNX bool as 0.0 / 1.0
+        g = proto.graph
+        self.inits = {i.name for i in g.initializer}
+        meta = {vi.name: {p.key: p.value for p in vi.metadata_props} for vi in list(g.value_info) + list(g.input)}
+        kinds = {name: m[_KIND] for name, m in meta.items() if _KIND in m}
+        linear = _folded_linear_weights(g, meta) if kinds else {}
+        for init in g.initializer:
+            value = numpy_helper.to_array(init)
+            if init.name in linear:  # W.T folded out of aten.linear: import W under its own name
+                self.env[init.name] = _Known(value.T, linear[init.name], "param", transposed=True)
+                continue
+            if init.data_type not in _FLOAT:
+                kind = "const"
+            elif not kinds:  # no torch.export signature (the TorchScript exporter): all weights
+                kind = "param"
+            else:  # an initializer folded out of weights stays a weight
+                sources = [kinds.get(n) for n in _names(meta.get(init.name, {}).get(_FOLDED, "[]"))]
+                origin = [kinds.get(init.name)] + sources
+                kind = "param" if "PARAMETER" in origin else "buffer" if "BUFFER" in origin else "const"
+            self.env[init.name] = _Known(value, init.name, kind)
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> Model:
+        g = self.proto.graph
+        for vi in g.input:
+            if vi.name not in self.env:
+                self.env[vi.name] = self._input(vi)
+        for node in g.node:
+            self._node(node)
+        for vi in g.output:
+            self.b.output(vi.name, self.tensor(vi.name))
+        return self.b.build()
+
+    def _input(self, vi):
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            raise NotImplementedError(f"graph input {vi.name!r} is not a tensor with a shape")
+        if tt.elem_type in _FLOAT:
+            dtype = "f32"
+        elif tt.elem_type in _INT:
+            dtype = "i32"
+        else:
+            raise NotImplementedError(f"graph input {vi.name!r} has ONNX element type {tt.elem_type}")
+        shape = []
+        for axis, d in enumerate(tt.shape.dim):
+            static = d.HasField("dim_value") and d.dim_value > 0
+            if static:
+                shape.append(d.dim_value)
+            elif axis == 0:
+                shape.append(self.batch)
+            else:
+                what = d.dim_param or d.dim_value or "unknown"
+                raise ValueError(f"graph input {vi.name!r}: dimension {axis} is dynamic ({what}); "
+                                 "only the first (batch) dimension may be dynamic")
+        t = self.b.input(vi.name, tuple(shape), dtype)
+        if tt.elem_type == 9:  # BOOL: 0 / 1 as i32
+            t = self.b.op("cast", t, to="f32")
+            self.masks.add(t.id)
+        return t
+
+    def _node(self, node):
+        from .tables import BUILD, FOLD, INT_OK
+
+        op, label = node.op_type, node.name or (node.output[0] if node.output else "?")
+        self.label, self.node = label, node
+        if node.domain not in ("", "ai.onnx"):
+            raise NotImplementedError(f"ONNX op {node.domain}::{op} (node {label!r}) is not supported; "
+                                      f"supported ops: {', '.join(supported_ops())}")
+        for name in node.input:
+            if name not in self.env:
+                raise ValueError(f"node {label!r} ({op}) reads {name!r}, which nothing produced before it")
+        at = _attrs(node)
+        ins = [self.env[n] for n in node.input]
+        foldable = all(v is None or (isinstance(v, _Known) and v.kind == "const") for v in ins)
+        if op in ("Shape", "Size"):
+            s = self.known(node.input[0]).shape if isinstance(ins[0], _Known) else ins[0].shape
+            if op == "Size":
+                outs = [np.array(int(np.prod(s)), np.int64)]
+            else:
+                outs = [np.array(s, np.int64)[slice(at.get("start", 0), at.get("end"))]]
+        elif foldable and op in FOLD:
+            vals = [None if v is None else v.value for v in ins]
+            try:
+                outs = FOLD[op](self, vals, at)
+            except NotImplementedError:
+                raise
+            except Exception as exc:
+                raise ValueError(f"folding node {label!r} ({op}) failed: {exc}") from exc
+        elif op in BUILD:
+            if op not in INT_OK and any(isinstance(v, Tensor) and v.dtype == "i32" for v in ins):
+                raise NotImplementedError(f"ONNX op {op} (node {label!r}) on an integer tensor is not "
+                                          "supported: integer tensors are only reshaped, sliced, cast "
+                                          "or used as indices")
+            outs = BUILD[op](self, list(node.input), at)
+        else:
+            if op in FOLD:
+                raise NotImplementedError(f"ONNX op {op} (node {label!r}) is supported only on "
+                                          "inputs known at import time (shape arithmetic)")
+            raise NotImplementedError(f"ONNX op {op} (node {label!r}) is not supported; "
+                                      f"supported ops: {', '.join(supported_ops())}")
+        outs = outs if isinstance(outs, (list, tuple)) else [outs]
+        for i, name in enumerate(node.output):
+            if not name:
+                continue
+            if i >= len(outs) or outs[i] is None:
+                raise NotImplementedError(f"node {label!r} ({op}): output {i} ({name!r}) is not supported")
+            v = outs[i]
+            self.env[name] = v if isinstance(v, (Tensor, _Known)) else _Known(np.asarray(v), name)
+
+    # ------------------------------------------------------------------ values
+    def tensor(self, name) -> Tensor:
+        """The graph tensor of an ONNX value, making a param or const for a known one."""
+        v = self.env[name]
+        if isinstance(v, Tensor):
+            return v
+        if v.tensor is None:
+            arr = v.value
+            if v.kind == "const" and arr.dtype == np.bool_:
+                v.tensor = self.b.const(float(arr)) if arr.ndim == 0 else self.b.constant(arr.astype(np.float64))
+                self.masks.add(v.tensor.id)
+                return v.tensor
+            if v.kind == "const" and arr.dtype.kind not in "fc":
+                raise NotImplementedError(f"integer constant {name!r} {list(arr.shape)} is used as a "
+                                          "tensor; only float tensors are computed")
+            if arr.size == 0:
+                raise NotImplementedError(f"empty tensor {name!r} {list(arr.shape)}")
+            if v.kind == "const" and arr.ndim == 0:
+                v.tensor = self.b.const(float(arr))
+            else:
+                pname = v.name if v.kind != "const" or v.name in self.inits else f"const.{v.name}"
+                v.tensor = self.b.param(pname, arr.astype(np.float32), frozen=v.kind != "param")
+                if v.transposed:  # MatMul turns this into trans_b
+                    v.tensor = self.b.transpose(v.tensor, (1, 0))
+        return v.tensor
+
+    def known(self, name, what="this input"):
+        """The numpy value of an input that must be known at import time."""
+        v = self.env.get(name)
+        if not isinstance(v, _Known):
+            raise NotImplementedError(f"node {self.label!r}: {what} ({name!r}) must be a constant")
+        return v.value.T if v.transposed else v.value
+
+    def opt(self, ins, i, what="this input"):
+        """The known value of optional input i, or None when it is absent."""
+        return self.known(ins[i], what) if len(ins) > i and ins[i] else None
+
+    def operand(self, name, other: Tensor | None) -> Tensor:
+        """A binary op's operand: a one-element constant becomes a scalar const."""
+        v = self.env[name]
+        if _is_scalar(v) and other is not None and v.value.ndim <= len(other.shape):
+            return self.b.const(float(v.value.reshape(())))
+        return self.tensor(name)
+
+    def pair(self, a, c):
+        """Both operands of a binary op; a one-element constant side becomes a scalar."""
+        if _is_scalar(self.env[a]) and not _is_scalar(self.env[c]):
+            tc = self.tensor(c)
+            return self.operand(a, tc), tc
+        ta = self.tensor(a)
+        return ta, self.operand(c, ta)
+
+    def mask(self, t: Tensor) -> Tensor:
+        """Mark a float tensor as holding a bool (0.0 / 1.0)."""
+        self.masks.add(t.id)
+        return t
+
+    def mask_of(self, name) -> Tensor:
+        """An ONNX bool value as a 0/1 float tensor (nonzero numbers are true)."""
+        t = self.tensor(name)
+        if t.id in self.masks:
+            return t
+        if t.dtype == "i32":
+            t = self.b.op("cast", t, to="f32")
+        if t.id not in self.masks and self.b.g.nodes[t.id].op != "const":
+            t = 1.0 - self.b.op("eq", t, 0.0)
+        return self.mask(t)
+
+    def axes(self, ins, at, rank):
+        """Reduce/Squeeze/Unsqueeze axes: attribute (older opsets) or second input."""
+        if "axes" in at:
+            axes = at["axes"]
+        elif len(ins) > 1 and ins[1]:
+            axes = self.known(ins[1], "axes")
+        else:
+            return None
+        axes = [int(a) for a in np.asarray(axes).reshape(-1)]
+        return [a % rank if rank else a for a in axes] if axes else None
+
+
+def _folded_linear_weights(g, meta) -> dict:
+    """Initializers that torch's dynamo exporter folded from W.T of an aten.linear
+    (x of rank 3 or more): initializer name -> the PyTorch parameter name of W."""
+    out = {}
+    for node in g.node:
+        if node.op_type != "MatMul" or len(node.input) != 2:
+            continue
+        fx = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.fx_node"), "")
+        src = _names(meta.get(node.input[1], {}).get(_FOLDED, "[]"))
+        if ("aten.linear" in fx and len(src) == 1 and src[0] not in meta
+                and f"%p_{src[0].replace('.', '_')}" in fx):
+            out[node.input[1]] = src[0]
+    return out
+
+
+def supported_ops() -> list:
+    """ONNX op types the importer knows (some only on constant inputs, see tables.FOLD)."""
+    from .tables import BUILD, FOLD
+    return sorted(set(BUILD) | set(FOLD) | {"Shape", "Size"})
