@@ -51,6 +51,21 @@ def _batch_info(model: Model) -> dict | None:
     return {"size": int(firsts[0])}
 
 
+def compile_programs(programs: dict, source: dict | None = None, meta: dict | None = None) -> bytes:
+    """Compile several graphs into one package, one program each (name -> Graph).
+
+    Parameters, optimizer state and inputs with the same name share one buffer across
+    programs; a program can hand a tensor to another through a state it assigns (e.g. an
+    inference program caching features that a training program reads)."""
+    if "infer" not in programs:
+        raise ValueError("a package needs an 'infer' program")
+    pb = PackageBuilder(__version__)
+    for name, graph in programs.items():
+        g = prepare(graph)
+        pb.add_program(name, schedule(g), {"row_mask": ROW_MASK} if ROW_MASK in g.inputs else None)
+    return pb.write({"source": source or {}, "batch": None, **(meta or {})})
+
+
 def compile_graph(graph, program: str = "infer") -> bytes:
     """Compile a raw Graph (any outputs, e.g. gradients made with autodiff.gradients)
     into a package whose one program runs it. Used by tests and tools."""

@@ -5,7 +5,7 @@ check interpreter(before) == interpreter(after) on random inputs).
 from __future__ import annotations
 
 from .emit import Emitter
-from .ir import Graph, Node
+from .ir import Graph, Node, make_attrs
 from .ops import OPS
 
 
@@ -45,7 +45,19 @@ def prepare(graph: Graph) -> Graph:
     finally:
         del out.add
     out.outputs = {k: remap[i] for k, i in graph.outputs.items()}
-    out.assigns = {k: remap[i] for k, i in graph.assigns.items()}
+    out.assigns = {}
+    for k, i in graph.assigns.items():
+        # an assign is an elementwise kernel writing into the target's buffer; anything
+        # else (a matmul result, a leaf, an output) goes through a copy
+        v = remap[i]
+        b = v
+        while out.nodes[b].op == "reshape":
+            b = out.nodes[b].inputs[0]
+        if OPS[out.nodes[b].op].lowering[0] != "elementwise" or b in out.outputs.values() \
+                or b in out.assigns.values():
+            v = raw_add(Node("broadcast_to", out.nodes[v].dtype, out.nodes[v].shape, (v,),
+                             make_attrs(shape=out.nodes[v].shape)))
+        out.assigns[k] = v
     # leaves that the program never reads still exist for the package (a frozen weight)
     for i, n in enumerate(graph.nodes):
         if n.op in ("input", "param", "state", "constant") and i not in remap:

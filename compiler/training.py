@@ -63,7 +63,13 @@ def build_training_graph(forward: Graph, cfg: TrainConfig) -> Graph:
     mask = e.leaf("input", ROW_MASK, (rows,), "f32")
     loss = e.op(cfg.loss, pred, labels, mask)
     g.outputs = {"loss": loss}
+    return attach_optimizer(g, loss, cfg)
 
+
+def attach_optimizer(g: Graph, loss: int, cfg: TrainConfig) -> Graph:
+    """Adds gradients of `loss` and the optimizer's updates (as assigns) to graph `g`,
+    for every parameter not frozen by `cfg.freeze` or the graph itself."""
+    e = Emitter(g)
     frozen = frozen_names(g, cfg.freeze)
     g.frozen = frozen
     trainable = {n: i for n, i in g.params.items() if n not in frozen}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops_nn import conv_out
 from .common import _Known, _ints
 
 

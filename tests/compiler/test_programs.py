@@ -1,0 +1,56 @@
+"""Several programs in one package, handing a tensor over through a state: an inference
+program caches features that a training program reads without recomputing them."""
+import numpy as np
+
+from meganeura.compiler import Builder, TrainConfig, run_graph
+from meganeura.compiler.compile import compile_programs
+from meganeura.compiler.emit import Emitter
+from meganeura.compiler.training import attach_optimizer
+from meganeura.runtime import Package, Session
+
+
+def _programs():
+    rng = np.random.default_rng(0)
+    w_back = rng.standard_normal((6, 5)) * 0.5
+    w_head = rng.standard_normal((3, 6)) * 0.5
+    # infer: x -> backbone (frozen) -> features (cached) -> head -> logits
+    b = Builder()
+    x = b.input("x", (4, 5))
+    feats = b.tanh(b.matmul(x, b.param("backbone.weight", w_back, frozen=True), trans_b=True))
+    cache = b.e.leaf("state", "cache.features", (4, 6))
+    b.g.assigns["cache.features"] = feats.id
+    b.output("logits", b.linear(feats, b.param("head.weight", w_head)))
+    infer = b.g
+    del cache
+    # train: cached features -> head -> masked cross-entropy -> AdamW on the head only
+    t = Builder()
+    f = t.e.leaf("state", "cache.features", (4, 6))
+    from meganeura.compiler.builder import Tensor
+
+    logits = t.linear(Tensor(t, f), t.param("head.weight", w_head))
+    labels = t.input("labels", (4,), "i32")
+    mask = t.input("mask", (4,))
+    loss = t.cross_entropy(logits, labels, mask)
+    t.output("loss", loss)
+    train = attach_optimizer(t.g, loss.id, TrainConfig(optimizer="adamw", lr=0.05))
+    return infer, train
+
+
+def test_infer_caches_features_and_training_reads_them(device):
+    infer, train = _programs()
+    pkg = Package.from_bytes(compile_programs({"infer": infer, "train_head": train}))
+    s = Session(device, pkg)
+    x = np.random.default_rng(1).standard_normal((4, 5)).astype(np.float32)
+    logits = s.run("infer", {"x": x})["logits"]
+    ref_out, ref_assign = run_graph(infer, {"x": x})
+    assert np.abs(logits - ref_out["logits"]).max() < 1e-5
+    assert np.abs(s.read_tensor("cache.features", "state") - ref_assign["cache.features"]).max() < 1e-5
+    labels, mask = np.array([0, 2, 1, 2]), np.array([1, 1, 0, 1], np.float32)
+    loss = s.run("train_head", {"labels": labels, "mask": mask})["loss"]
+    ref_loss, ref_new = run_graph(train, {"labels": labels, "mask": mask}, values=ref_assign)
+    assert abs(float(loss) - float(ref_loss["loss"])) < 1e-5
+    assert np.abs(s.weights()["head.weight"] - ref_new["head.weight"]).max() < 1e-5
+    assert np.array_equal(s.weights()["backbone.weight"], np.asarray(infer.values["backbone.weight"], np.float32))
+    # the training program holds no backbone kernel: only the head's matmuls
+    labels_of = [pkg.manifest["kernels"][d["kernel"]]["label"] for d in pkg.programs["train_head"]["dispatches"]]
+    assert labels_of.count("matmul") == 2, labels_of  # forward, and the weight gradient
