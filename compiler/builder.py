@@ -69,6 +69,30 @@ class Builder:
         self.g = Graph()
         self.e = Emitter(self.g)
 
+    @classmethod
+    def extend(cls, model: "Model") -> "Builder":
+        """Keep building on an existing model's graph (e.g. a head on a backbone); the
+        model's outputs are available as `b.outputs[name]`."""
+        b = cls()
+        b.g = model.graph
+        b.e = Emitter(b.g)
+        return b
+
+    @property
+    def outputs(self) -> dict:
+        return {k: Tensor(self, i) for k, i in self.g.outputs.items()}
+
+    def state(self, name: str, shape) -> Tensor:
+        """A persistent tensor (zeros at load) that programs write with `assign` and read."""
+        existing = self.g.leaves("state").get(name)
+        if existing is not None:
+            return Tensor(self, existing)
+        return Tensor(self, self.e.leaf("state", name, shape))
+
+    def assign(self, name: str, value: Tensor) -> None:
+        """After the program runs, state or parameter `name` holds `value`."""
+        self.g.assigns[name] = value.id
+
     # leaves
     def input(self, name: str, shape, dtype: str = "f32") -> Tensor:
         return Tensor(self, self.e.leaf("input", name, shape, dtype))

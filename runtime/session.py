@@ -204,18 +204,25 @@ class Session:
         count = int(np.prod(t["shape"], dtype=np.int64))
         return np.frombuffer(data, dtype=DTYPES[t["dtype"]])[:count].reshape(t["shape"]).copy()
 
-    def weights(self) -> dict:
-        return {name: self.read_tensor(name) for name in self.package.param_names()}
+    def weights(self, only=None) -> dict:
+        """Parameters by name; `only`: glob patterns selecting some (e.g. ["decoder.*"])."""
+        import fnmatch
 
-    def save_weights(self, path) -> None:
-        """Write the parameters as safetensors, by the source model's names, atomically."""
+        names = self.package.param_names()
+        if only is not None:
+            names = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in only)]
+        return {name: self.read_tensor(name) for name in names}
+
+    def save_weights(self, path, only=None) -> None:
+        """Write the parameters (or those matching `only`) as safetensors, by the source
+        model's names, atomically: a crash while saving leaves the old file intact."""
         from safetensors.numpy import save_file
 
         path = Path(path)
         fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=path.name, suffix=".tmp")
         os.close(fd)
         try:
-            save_file(self.weights(), tmp)
+            save_file(self.weights(only), tmp)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
