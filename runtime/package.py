@@ -21,6 +21,7 @@ MAX_MANIFEST = 256 << 20
 ROLES = ("input", "param", "state", "constant", "output")
 DTYPES = {"f32": np.float32, "i32": np.int32}
 ACCESS = ("read", "read_write")
+DEVICE_CLASSES = ("cpu", "gpu")  # kernel variants: CPU rasterisers (lavapipe) rank kernels differently
 
 
 class PackageError(ValueError):
@@ -241,11 +242,16 @@ def validate_manifest(m) -> None:
             writes = [bi for bi, a in zip(bufs, kernels[k]["access"]) if a == "read_write"]
             if any(bufs.count(bi) != 1 for bi in writes):
                 _fail(f"{dw}: a buffer is bound for writing twice, or for reading and writing")
-            wg = _list(_key(d, "workgroups", dw), f"{dw}.workgroups", 3)
-            if len(wg) != 3:
-                _fail(f"{dw}.workgroups: needs 3 numbers")
-            for n in wg:
-                _int(n, f"{dw}.workgroups", 0, 1 << 31)
+            _workgroups(d, dw)
+            for cls, v in _dict(d.get("variants", {}), f"{dw}.variants").items():
+                vw = f"{dw}.variants[{cls!r:.20}]"
+                if cls not in DEVICE_CLASSES:
+                    _fail(f"{vw}: unknown device class; known: {DEVICE_CLASSES}")
+                _dict(v, vw)
+                kv = _int(_key(v, "kernel", vw), f"{vw}.kernel", 0, len(kernels) - 1)
+                if kernels[kv]["access"] != kernels[k]["access"]:
+                    _fail(f"{vw}: the variant kernel binds buffers differently")
+                _workgroups(v, vw)
     _dict(_key(m, "memory", "manifest"), "memory")
     req = _dict(_key(m, "requires", "manifest"), "requires")
     _list(_key(req, "features", "requires"), "requires.features", 64)
@@ -260,6 +266,14 @@ def validate_manifest(m) -> None:
         _dict(train, "training")
         if "train_step" not in programs:
             _fail("training: no 'train_step' program")
+
+
+def _workgroups(d, where):
+    wg = _list(_key(d, "workgroups", where), f"{where}.workgroups", 3)
+    if len(wg) != 3:
+        _fail(f"{where}.workgroups: needs 3 numbers")
+    for n in wg:
+        _int(n, f"{where}.workgroups", 0, 1 << 31)
 
 
 def _load_weights(blob: bytes, m: dict) -> dict:

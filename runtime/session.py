@@ -45,13 +45,16 @@ class Session:
             if t["role"] in ("param", "state", "constant") and t["init"] == "blob":
                 self._write(t, pkg.weights[t["name"]])
         self._layouts = {}
-        self.kernels = []
-        for i, k in enumerate(m["kernels"]):
-            self.kernels.append(self._pipeline(i, k))
+        self.device_class = "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu"
+        chosen = [d.get("variants", {}).get(self.device_class, d) for p in m["programs"].values()
+                  for d in p["dispatches"]]
+        used = {c["kernel"] for c in chosen}
+        self.kernels = {i: self._pipeline(i, k) for i, k in enumerate(m["kernels"]) if i in used}
         self.programs = {}
         for name, p in m["programs"].items():
             steps = []
             for j, d in enumerate(p["dispatches"]):
+                d = {**d, **d.get("variants", {}).get(self.device_class, {})}
                 pipeline, layout = self.kernels[d["kernel"]]
                 entries = [{"binding": b, "resource": {"buffer": self.buffers[bi], "offset": 0,
                                                        "size": self.buffers[bi].size}}
@@ -203,6 +206,16 @@ class Session:
         data = self.device.queue.read_buffer(self.buffers[t["buffer"]], 0, self.buffers[t["buffer"]].size)
         count = int(np.prod(t["shape"], dtype=np.int64))
         return np.frombuffer(data, dtype=DTYPES[t["dtype"]])[:count].reshape(t["shape"]).copy()
+
+    def write_tensor(self, name: str, value, role: str = "state") -> None:
+        """Overwrite a parameter or state tensor (e.g. "optimizer.lr" for a schedule)."""
+        t = self.package.tensor(name, role)
+        if t is None:
+            raise KeyError(f"no {role} named {name!r}")
+        v = np.asarray(value)
+        if list(v.shape) != list(t["shape"]):
+            raise ValueError(f"{role} {name!r} has shape {t['shape']}, got {list(v.shape)}")
+        self._write(t, v)
 
     def weights(self, only=None) -> dict:
         """Parameters by name; `only`: glob patterns selecting some (e.g. ["decoder.*"])."""
