@@ -25,6 +25,7 @@ class KernelCode:
     workgroups: tuple
     label: str
     temps: dict = None  # temp key -> bytes: scratch private to this kernel's dispatches
+    variants: dict = None  # device class -> (wgsl, workgroup_size, workgroups): same bindings
 
 
 def grid(count: int) -> tuple:
@@ -282,6 +283,9 @@ def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, l
     else:
         wgsl = render("igemm", BINDINGS=decls, STORE=st, INNER_LOOP=INNER, **common)
     code = KernelCode(wgsl, (16, 16, 1), slots, (-(-n // tile), -(-m // tile), groups * split), label)
+    # CPU rasterisers: same bindings and split, a barrier-free kernel with its own grid
+    cpu = render("igemm_cpu", BINDINGS=decls, STORE=st, **common)
+    code.variants = {"cpu": (cpu, (8, 8, 1), (-(-n // 32), -(-m // 32), groups * split))}
     if split == 1:
         return code
     code.temps = {temp: split * groups * m * n * 4}

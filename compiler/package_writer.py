@@ -14,7 +14,7 @@ import msgpack
 import numpy as np
 from safetensors.numpy import save as safetensors_save
 
-from .codegen import generate
+from .codegen import KernelCode, generate
 from .schedule import Schedule
 
 MAGIC = b"MNPK\r\n\x1a\n"
@@ -92,8 +92,13 @@ class PackageBuilder:
                 last[s] = end
         free, peak, in_use = [], 0, 0
         sizes = {}
+        starts, ends = {}, {}  # kernel -> storages first / last used there (a scan per kernel was quadratic)
+        for s, f in first.items():
+            starts.setdefault(f, []).append(s)
+        for s, l_ in last.items():
+            ends.setdefault(l_, []).append(s)
         for k in range(end):
-            for s in [s for s, f in first.items() if f == k]:
+            for s in starts.get(k, ()):
                 need = size_of(s)
                 fit = [b for b in free if self.buffers[b] >= need]
                 if fit:
@@ -109,7 +114,7 @@ class PackageBuilder:
                 sizes[b] = self.buffers[b]
                 in_use += need
                 peak = max(peak, in_use)
-            for s in [s for s, l_ in last.items() if l_ == k]:
+            for s in ends.get(k, ()):
                 free.append(buffer_of[s])
                 in_use -= size_of(s)
         outputs = {}
@@ -120,20 +125,28 @@ class PackageBuilder:
             outputs[oname] = len(self.tensors) - 1
         dispatches = []
         for code in codes:
-            if code.wgsl not in self.kernel_index:
-                self.kernels.append({"label": code.label, "wgsl": code.wgsl, "entry": "main",
-                                     "workgroup_size": list(code.workgroup_size),
-                                     "access": [a for _, a in code.bindings],
-                                     "sha256": hashlib.sha256(code.wgsl.encode()).hexdigest()})
-                self.kernel_index[code.wgsl] = len(self.kernels) - 1
-            self.max_bindings = max(self.max_bindings, len(code.bindings))
-            self.max_workgroups = max(self.max_workgroups, *code.workgroups)
-            dispatches.append({"kernel": self.kernel_index[code.wgsl],
-                               "buffers": [buffer_of[s] for s, _ in code.bindings],
-                               "workgroups": list(code.workgroups)})
+            entry = self._dispatch(code, buffer_of)
+            for cls, (wgsl, wgs, groups) in (code.variants or {}).items():
+                alt = KernelCode(wgsl, wgs, code.bindings, groups, code.label + f" ({cls})")
+                v = self._dispatch(alt, buffer_of)
+                entry.setdefault("variants", {})[cls] = {"kernel": v["kernel"], "workgroups": v["workgroups"]}
+            dispatches.append(entry)
         inputs = {n.attr("name"): self.leaf_tensor[n.attr("name")] for n in g.nodes if n.op == "input"}
         self.programs[name] = {"inputs": inputs, "outputs": outputs, "dispatches": dispatches,
                                "scratch_peak_bytes": int(peak), **(extra or {})}
+
+    def _dispatch(self, code, buffer_of) -> dict:
+        """The manifest entry of one dispatch, adding its kernel when new."""
+        if code.wgsl not in self.kernel_index:
+            self.kernels.append({"label": code.label, "wgsl": code.wgsl, "entry": "main",
+                                 "workgroup_size": list(code.workgroup_size),
+                                 "access": [a for _, a in code.bindings],
+                                 "sha256": hashlib.sha256(code.wgsl.encode()).hexdigest()})
+            self.kernel_index[code.wgsl] = len(self.kernels) - 1
+        self.max_bindings = max(self.max_bindings, len(code.bindings))
+        self.max_workgroups = max(self.max_workgroups, *code.workgroups)
+        return {"kernel": self.kernel_index[code.wgsl], "buffers": [buffer_of[s] for s, _ in code.bindings],
+                "workgroups": list(code.workgroups)}
 
     def write(self, meta: dict) -> bytes:
         blob = safetensors_save(self.blob) if self.blob else safetensors_save({})
@@ -151,8 +164,10 @@ class PackageBuilder:
             **meta,
         }
         man = msgpack.packb(manifest, use_bin_type=True)
-        body = MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(man)) + man + struct.pack("<Q", len(blob)) + blob
-        return body + hashlib.sha256(body).digest()
+        head = MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(man)) + man + struct.pack("<Q", len(blob))
+        digest = hashlib.sha256(head)
+        digest.update(blob)  # one copy of the blob, not three (3.2 GB each for an SD-size U-Net)
+        return b"".join((head, blob, digest.digest()))
 
 
 def _base(g, i):

@@ -140,17 +140,22 @@ def schedule(graph: Graph) -> Schedule:
 
     # 3. storage: views share their base's buffer; assigns write into their target
     storage = {}
-    for i in sorted(live):
-        if nodes[i].op == "reshape":
-            storage[i] = storage.get(base_of(graph, i), base_of(graph, i))
     leaves = {nodes[i].attr("name"): i for i, n in enumerate(nodes) if n.op in ("param", "state")}
     inplace = {}
+    outputs = {base_of(graph, o) for o in graph.outputs.values()}
     for name, v in graph.assigns.items():
         b = base_of(graph, v)
-        if b in kernel_of and kernels[kernel_of[b]].kind == "elementwise" and b not in storage.values() \
-                and b not in graph.outputs.values() and b not in inplace:
-            storage[b] = leaves[name]
-            inplace[b] = leaves[name]
+        if name not in leaves:
+            raise ValueError(f"the program assigns {name!r}, which is no parameter or state of it")
+        if not (b in kernel_of and kernels[kernel_of[b]].kind == "elementwise") or b in outputs or b in inplace:
+            # prepare() puts a copy in front of anything else, so this is a compiler bug
+            raise RuntimeError(f"cannot update {name!r} in place (node {b}: {nodes[b].op})")
+        storage[b] = leaves[name]
+        inplace[b] = leaves[name]
+    for i in sorted(live):  # views live in their base's buffer, wherever that is
+        if nodes[i].op == "reshape":
+            base = base_of(graph, i)
+            storage[i] = storage.get(base, base)
     order = _order(graph, kernels, kernel_of, inplace)
     return Schedule(graph, storage, [kernels[k] for k in order], inlined)
 

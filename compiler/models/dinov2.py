@@ -31,7 +31,7 @@ class Dinov2Config:
     initializer_range: float = 0.02
 
     @classmethod
-    def of(cls, config) -> "Dinov2Config":
+    def of(cls, config) -> Dinov2Config:
         """From this dataclass, a dict, or a transformers `Dinov2Config` (attributes)."""
         if isinstance(config, cls):
             return config
@@ -80,7 +80,7 @@ def dinov2(config, batch: int = 1, height: int = 224, width: int = 224, weights:
             raise ValueError(f"{name}: weights give shape {np.shape(value)}, the config needs {tuple(shape)}")
         return b.param(name, value)
 
-    normal = lambda s: rng.standard_normal(s) * std  # noqa: E731
+    normal = lambda s: rng.standard_normal(s) * std
     zeros, ones = np.zeros, np.ones
 
     def linear(x, name, n_in, n_out, bias=True):

@@ -32,7 +32,7 @@ class LlamaConfig:
     initializer_range: float = 0.02
 
     @classmethod
-    def of(cls, config) -> "LlamaConfig":
+    def of(cls, config) -> LlamaConfig:
         """From this dataclass, a dict, or a transformers `LlamaConfig` (attributes; its
         `rope_parameters` dict holds rope_theta in transformers 5)."""
         if isinstance(config, cls):
@@ -82,7 +82,7 @@ def llama(config, batch: int = 1, seq: int = 128, weights: dict | None = None, s
             raise ValueError(f"{name}: weights give shape {np.shape(value)}, the config needs {tuple(shape)}")
         return b.param(name, value)
 
-    normal = lambda s: rng.standard_normal(s, dtype=np.float32) * cfg.initializer_range  # noqa: E731
+    normal = lambda s: rng.standard_normal(s, dtype=np.float32) * cfg.initializer_range
 
     def linear(x, name, n_in, n_out, bias):
         w = param(f"{name}.weight", (n_out, n_in), normal)

@@ -19,7 +19,8 @@ Output
 
 Supported: the SD-1.x/2.x family: CrossAttnDownBlock2D / DownBlock2D, UNetMidBlock2DCrossAttn,
 UpBlock2D / CrossAttnUpBlock2D, positional timestep embedding, conv or linear attention
-projections, GEGLU feed-forward. Other config options raise NotImplementedError.
+projections, GEGLU feed-forward. Other config options raise NotImplementedError. Dropout is
+not modelled (SD's is 0).
 """
 from __future__ import annotations
 
@@ -29,26 +30,25 @@ import numpy as np
 
 from ..builder import Builder, Model
 
-DEFAULTS = dict(
-    sample_size=64, in_channels=4, out_channels=4, center_input_sample=False, flip_sin_to_cos=True, freq_shift=0,
-    down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
-    mid_block_type="UNetMidBlock2DCrossAttn",
-    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-    only_cross_attention=False, block_out_channels=(320, 640, 1280, 1280), layers_per_block=2, downsample_padding=1,
-    mid_block_scale_factor=1, dropout=0.0, act_fn="silu", norm_num_groups=32, norm_eps=1e-5,
-    cross_attention_dim=1280, transformer_layers_per_block=1, attention_head_dim=8, num_attention_heads=None,
-    use_linear_projection=False, resnet_time_scale_shift="default", resnet_out_scale_factor=1.0,
-    time_embedding_type="positional", conv_in_kernel=3, conv_out_kernel=3, upcast_attention=False,
-)
+DEFAULTS = {  # UNet2DConditionModel's defaults for the options read here
+    "sample_size": 64, "in_channels": 4, "out_channels": 4, "flip_sin_to_cos": True, "freq_shift": 0,
+    "down_block_types": ("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+    "up_block_types": ("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+    "block_out_channels": (320, 640, 1280, 1280), "layers_per_block": 2, "downsample_padding": 1,
+    "norm_num_groups": 32, "norm_eps": 1e-5, "cross_attention_dim": 1280, "attention_head_dim": 8,
+    "num_attention_heads": None, "use_linear_projection": False, "conv_in_kernel": 3, "conv_out_kernel": 3,
+}
 # options that must keep these values (anything else is a different architecture)
-_FIXED = dict(center_input_sample=False, mid_block_type="UNetMidBlock2DCrossAttn", only_cross_attention=False,
-              act_fn="silu", resnet_time_scale_shift="default", time_embedding_type="positional",
-              transformer_layers_per_block=1, dual_cross_attention=False, class_embed_type=None,
-              addition_embed_type=None, num_class_embeds=None, encoder_hid_dim=None, encoder_hid_dim_type=None,
-              time_embedding_dim=None, time_embedding_act_fn=None, timestep_post_act=None, time_cond_proj_dim=None,
-              resnet_skip_time_act=False, attention_type="default", cross_attention_norm=None,
-              mid_block_only_cross_attention=None, reverse_transformer_layers_per_block=None,
-              class_embeddings_concat=False, mid_block_scale_factor=1, resnet_out_scale_factor=1.0)
+_FIXED = {
+    "center_input_sample": False, "mid_block_type": "UNetMidBlock2DCrossAttn", "only_cross_attention": False,
+    "act_fn": "silu", "resnet_time_scale_shift": "default", "time_embedding_type": "positional",
+    "transformer_layers_per_block": 1, "dual_cross_attention": False, "class_embed_type": None,
+    "addition_embed_type": None, "num_class_embeds": None, "encoder_hid_dim": None, "encoder_hid_dim_type": None,
+    "time_embedding_dim": None, "time_embedding_act_fn": None, "timestep_post_act": None, "time_cond_proj_dim": None,
+    "resnet_skip_time_act": False, "attention_type": "default", "cross_attention_norm": None,
+    "mid_block_only_cross_attention": None, "reverse_transformer_layers_per_block": None,
+    "class_embeddings_concat": False, "mid_block_scale_factor": 1, "resnet_out_scale_factor": 1.0,
+}
 
 
 def full_size_config() -> dict:
@@ -92,8 +92,10 @@ def _config(config) -> dict:
 
 
 def timestep_features(timesteps, config) -> np.ndarray:
-    """diffusers' `Timesteps` (get_timestep_embedding) in float32, as its CPU kernels round:
-    [len(timesteps), block_out_channels[0]]."""
+    """diffusers' `Timesteps` (get_timestep_embedding) in float32: [len(timesteps), block_out_channels[0]].
+
+    Each float32 step as torch does it, with correctly rounded exp/sin/cos (torch's float32 exp is
+    off by an ulp for a few frequencies: up to 6e-5 apart at t = 999)."""
     cfg = _config(config)
     dim = cfg["block_out_channels"][0]
     half = dim // 2

@@ -28,7 +28,7 @@ class WhisperEncoderConfig:
     init_std: float = 0.02
 
     @classmethod
-    def of(cls, config) -> "WhisperEncoderConfig":
+    def of(cls, config) -> WhisperEncoderConfig:
         """From this dataclass, a dict, or a transformers `WhisperConfig` (attributes)."""
         if isinstance(config, cls):
             return config
@@ -75,7 +75,7 @@ def whisper_encoder(config, batch: int = 1, frames: int | None = None, weights: 
             raise ValueError(f"{name}: weights give shape {np.shape(value)}, the config needs {tuple(shape)}")
         return b.param(name, value, frozen=frozen)
 
-    normal = lambda s: rng.standard_normal(s, dtype=np.float32) * cfg.init_std  # noqa: E731
+    normal = lambda s: rng.standard_normal(s, dtype=np.float32) * cfg.init_std
     act = _GELU[cfg.activation_function]
 
     def linear(x, name, n_in, n_out, bias=True):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..builder import Tensor
-from .common import _BOOL, _FLOAT, _INT, _Known, _flatten_shape
+from .common import _BOOL, _FLOAT, _INT, _flatten_shape, _Known
 
 
 def _unary(opname):
@@ -302,7 +302,7 @@ def _b_einsum(im, ins, at):
     left = [c for c in ta if c not in tb]
     right = [c for c in tb if c not in ta]
     size = {**dict(zip(ta, x.shape)), **dict(zip(tb, y.shape))}
-    prod = lambda cs: int(np.prod([size[c] for c in cs]))  # noqa: E731
+    prod = lambda cs: int(np.prod([size[c] for c in cs]))
     x = b.reshape(b.transpose(x, [ta.index(c) for c in batch + left + contract]),
                   (prod(batch), prod(left), prod(contract)))
     y = b.reshape(b.transpose(y, [tb.index(c) for c in batch + contract + right]),

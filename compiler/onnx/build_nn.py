@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import _Known, _ints
+from .common import _ints, _Known
 
 
 def _spatial(im, x, op):
@@ -199,10 +199,12 @@ def _b_lp_norm(im, ins, at):
     b, x = im.b, im.tensor(ins[0])
     axis, p = int(at.get("axis", -1)) % len(x.shape), int(at.get("p", 2))
     if p == 2:
-        return x / b.sqrt(b.sum(x * x, [axis], True))
-    if p == 1:
-        return x / b.sum(b.op("maximum", x, -x), [axis], True)
-    raise NotImplementedError(f"node {im.label!r}: LpNormalization with p={p}")
+        norm = b.sqrt(b.sum(x * x, [axis], True))
+    elif p == 1:
+        norm = b.sum(b.op("maximum", x, -x), [axis], True)
+    else:
+        raise NotImplementedError(f"node {im.label!r}: LpNormalization with p={p}")
+    return b.op("where", b.op("eq", norm, 0.0), 0.0, x / norm)  # 0 / 0 is 0
 
 
 def _b_mvn(im, ins, at):
@@ -263,6 +265,13 @@ def _b_resize(im, ins, at):
         return x
     if moved[0] < rank - 2:
         raise NotImplementedError(f"node {im.label!r}: Resize of axes {moved} (only the last two)")
+    if transform == "align_corners" and scales is not None:
+        # ONNX maps with the unrounded output length in * scale: the asymmetric map
+        # o / s' with s' = (in * scale - 1) / (in - 1) is the same line
+        for a in (rank - 2, rank - 1):
+            n, s = x.shape[a] if a >= 0 else 1, full_scale[a] if a >= 0 else 1.0
+            full_scale[a] = (n * s - 1) / (n - 1) if n > 1 and n * s != 1 else 1.0
+        transform = "asymmetric"
     y = x if rank >= 2 else im.b.reshape(x, (1,) + x.shape)
     size = (full_size[-2] if rank >= 2 else 1, full_size[-1])
     given = None if scales is None else ((full_scale[-2] if rank >= 2 else 1.0), full_scale[-1])

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import (_Known, _flatten_shape, _ints, _reshape_target, _squeeze_shape,
-                     _unsqueeze_shape)
+from .common import (
+    _flatten_shape,
+    _ints,
+    _Known,
+    _reshape_target,
+    _squeeze_shape,
+    _unsqueeze_shape,
+)
 from .fold import _split_sizes
 
 
@@ -49,13 +55,18 @@ def _b_expand(im, ins, at):
 
 def _slice(im, x, axis, start, step, count):
     rank = len(x.shape)
-    if count == 0:
-        raise NotImplementedError(f"node {im.label!r}: an empty tensor (size 0 along axis {axis})")
+    if count == 0:  # an empty value: only Concat (which drops it) may read it
+        return _empty(im, x.shape[:axis] + (0,) + x.shape[axis + 1:])
     if start == 0 and step == 1 and count == x.shape[axis]:
         return x
     starts, steps, shape = [0] * rank, [1] * rank, list(x.shape)
     starts[axis], steps[axis], shape[axis] = start, step if count > 1 else 1, count
     return im.b.slice(x, starts=tuple(starts), steps=tuple(steps), shape=tuple(shape))
+
+
+def _empty(im, shape):
+    """A tensor with no elements, as a known value: Concat drops it, other ops refuse it."""
+    return _Known(np.zeros(shape, np.float32), f"{im.node.output[0]}.empty")
 
 
 def _b_gather(im, ins, at):
@@ -105,7 +116,7 @@ def _b_slice(im, ins, at):
         a %= rank
         r = range(x.shape[a])[slice(s, e, p)]  # ONNX clamps starts and ends as Python does
         if len(r) == 0:
-            raise NotImplementedError(f"node {im.label!r}: Slice gives an empty tensor")
+            return _empty(im, x.shape[:a] + (0,) + x.shape[a + 1:])
         st[a], sp[a], shape[a] = r.start, r.step if len(r) > 1 else 1, len(r)
     if tuple(shape) == x.shape and all(p == 1 for p in sp):
         return x
@@ -208,7 +219,8 @@ def _b_space_to_depth(im, ins, at):
     b, x = im.b, im.tensor(ins[0])
     n, c, h, w = x.shape
     k = int(at["blocksize"])
-    y = b.transpose(b.reshape(x, (n, c, h // k, k, w // k, k)), (0, 3, 5, 1, 2, 4))
+    perm = (0, 3, 5, 1, 2, 4) if at.get("mode", "DCR") == "DCR" else (0, 1, 3, 5, 2, 4)
+    y = b.transpose(b.reshape(x, (n, c, h // k, k, w // k, k)), perm)
     return b.reshape(y, (n, c * k * k, h // k, w // k))
 
 
@@ -234,4 +246,11 @@ BUILD_TENSOR = {
 
 # ops that may read integer tensors (the others raise NotImplementedError on them)
 INT_OK = frozenset({"Identity", "Dropout", "Reshape", "Flatten", "Transpose", "Unsqueeze", "Squeeze", "Expand",
-                    "Gather", "Slice", "Split", "Tile", "Cast", "CastLike", "DepthToSpace", "SpaceToDepth"})
+                    "Gather", "Slice", "Split", "Tile", "Cast", "CastLike", "DepthToSpace", "SpaceToDepth",
+                    "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "Attention", "RotaryEmbedding"})
+
+# inputs that ops read as constants (shapes, axes, bounds): integer tensors there are
+# not computed on; the builder asks for their value (and says it must be known)
+PARAM_INPUTS = {"Resize": (1, 2, 3), "Upsample": (1,), "Reshape": (1,), "Expand": (1,), "Tile": (1,),
+                "Pad": (1, 2, 3), "Slice": (1, 2, 3, 4), "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,),
+                "Reduce": (1,), "Clip": (1, 2), "Dropout": (1, 2), "Pow": (1,), "CenterCropPad": (1,)}

@@ -6,7 +6,14 @@ import math
 
 import numpy as np
 
-from .common import _flatten_shape, _ints, _np_dtype, _reshape_target, _squeeze_shape, _unsqueeze_shape
+from .common import (
+    _flatten_shape,
+    _ints,
+    _np_dtype,
+    _reshape_target,
+    _squeeze_shape,
+    _unsqueeze_shape,
+)
 
 
 def _int_div(a, c):
@@ -110,6 +117,8 @@ FOLD = {
     "Pad": _fold_pad,
     "Tile": lambda im, xs, at: np.tile(xs[0], _ints(xs[1])),
     "ConstantOfShape": _cof,
+    "EyeLike": lambda im, xs, at: np.eye(*xs[0].shape, k=int(at.get("k", 0)),
+                                         dtype=_np_dtype(at["dtype"]) if "dtype" in at else xs[0].dtype),
     "Range": lambda im, xs, at: np.arange(xs[0], xs[1], xs[2]).astype(xs[0].dtype),
     "Expand": lambda im, xs, at: np.broadcast_to(
         xs[0], np.broadcast_shapes(xs[0].shape, tuple(int(d) for d in xs[1]))).copy(),

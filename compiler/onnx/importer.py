@@ -32,7 +32,7 @@ import os
 import numpy as np
 
 from ..builder import Builder, Model, Tensor
-from .common import _FLOAT, _FOLDED, _INT, _KIND, _Known, _attrs, _is_scalar, _names
+from .common import _FLOAT, _FOLDED, _INT, _KIND, _attrs, _is_scalar, _Known, _names
 
 
 def load_onnx(source, batch_size: int | None = None) -> Model:
@@ -109,6 +109,8 @@ class _Importer:
             raise NotImplementedError(f"graph input {vi.name!r} has ONNX element type {tt.elem_type}")
         shape = []
         for axis, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value == 0:
+                raise NotImplementedError(f"graph input {vi.name!r} is empty (dimension {axis} is 0)")
             static = d.HasField("dim_value") and d.dim_value > 0
             if static:
                 shape.append(d.dim_value)
@@ -125,7 +127,7 @@ class _Importer:
         return t
 
     def _node(self, node):
-        from .tables import BUILD, FOLD, INT_OK
+        from .tables import BUILD, FOLD, INT_OK, PARAM_INPUTS
 
         op, label = node.op_type, node.name or (node.output[0] if node.output else "?")
         self.label, self.node = label, node
@@ -138,9 +140,12 @@ class _Importer:
         at = _attrs(node)
         ins = [self.env[n] for n in node.input]
         foldable = all(v is None or (isinstance(v, _Known) and v.kind == "const") for v in ins)
-        if op in ("Shape", "Size"):
+        if op in ("Shape", "Size", "EyeLike"):  # only the input's shape matters
             s = self.known(node.input[0]).shape if isinstance(ins[0], _Known) else ins[0].shape
-            if op == "Size":
+            if op == "EyeLike":
+                outs = FOLD[op](self, [np.zeros(s, np.float32 if ins[0].dtype == "f32" else np.int64)
+                                       if isinstance(ins[0], Tensor) else ins[0].value], at)
+            elif op == "Size":
                 outs = [np.array(int(np.prod(s)), np.int64)]
             else:
                 outs = [np.array(s, np.int64)[slice(at.get("start", 0), at.get("end"))]]
@@ -153,7 +158,9 @@ class _Importer:
             except Exception as exc:
                 raise ValueError(f"folding node {label!r} ({op}) failed: {exc}") from exc
         elif op in BUILD:
-            if op not in INT_OK and any(isinstance(v, Tensor) and v.dtype == "i32" for v in ins):
+            skip = PARAM_INPUTS.get(op, PARAM_INPUTS["Reduce"] if op.startswith("Reduce") else ())
+            if op not in INT_OK and any(isinstance(v, Tensor) and v.dtype == "i32" and i not in skip
+                                        for i, v in enumerate(ins)):
                 raise NotImplementedError(f"ONNX op {op} (node {label!r}) on an integer tensor is not "
                                           "supported: integer tensors are only reshaped, sliced, cast "
                                           "or used as indices")

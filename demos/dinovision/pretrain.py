@@ -109,7 +109,7 @@ def main(argv=None):
         s = r["session"]
         s.set_weights(weights)
         conf = np.zeros((classes, classes), np.int64)
-        for i in range(0, len(r["hx"]) - args.batch + 1 or 1, args.batch):
+        for i in range(0, len(r["hx"]), args.batch):  # the last batch is padded
             xb = r["hx"][i:i + args.batch]
             n = len(xb)
             if n < args.batch:

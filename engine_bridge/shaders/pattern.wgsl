@@ -2,8 +2,7 @@
 // over a dark background, so that a per-pixel colour classifier has something to find.
 
 struct Scene {
-    time: f32,
-    _pad: vec3<f32>,
+    time: vec4<f32>,  // seconds in x
 };
 
 struct VOut {
@@ -28,7 +27,7 @@ fn fs(v: VOut) -> @location(0) vec4<f32> {
     let discs = array<vec3<f32>, 3>(vec3<f32>(0.92, 0.18, 0.14), vec3<f32>(0.16, 0.84, 0.30),
                                     vec3<f32>(0.18, 0.34, 0.95));
     for (var k = 0; k < 3; k++) {
-        let a = S.time * (0.5 + 0.25 * f32(k)) + 2.1 * f32(k);
+        let a = S.time.x * (0.5 + 0.25 * f32(k)) + 2.1 * f32(k);
         let centre = vec2<f32>(0.5, 0.5) + vec2<f32>(0.27 * cos(a), 0.24 * sin(1.3 * a));
         if (distance(v.uv, centre) < 0.17 - 0.02 * f32(k)) {
             colour = discs[k];

@@ -10,10 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
+import torch.nn.functional as F
+from meganeura.compiler.interpret import run_graph
+from meganeura.compiler.onnx_import import load_onnx
 from torch import nn
-
-from compiler.interpret import run_graph
-from compiler.onnx_import import load_onnx
 
 HAVE_ONNXSCRIPT = importlib.util.find_spec("onnxscript") is not None
 BATCH = 5  # imported batch; exports trace with 3 rows and a dynamic first dimension
@@ -323,3 +323,309 @@ def test_reductions_without_axes_and_extra_ops():
     for k, w in want.items():
         assert got[k].shape == np.shape(w), k
         np.testing.assert_allclose(got[k], w, rtol=1e-12, err_msg=k)
+
+
+# ------------------------------------------------------------------ layer ops
+# Modules that export the ops of compiler/ops_nn.py and ops_layers.py (TorchScript
+# exporter, opsets 17 and 20); outputs compared with the float64 torch module.
+
+
+class Convs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(4, 6, 3, stride=2, padding=1, dilation=2, groups=2)
+        self.c2 = nn.Conv2d(6, 5, (3, 2), padding="same", bias=False)
+        self.t = nn.ConvTranspose2d(5, 3, 3, stride=2, padding=1, output_padding=1)
+
+    def forward(self, x):  # x: [B, 4, 9, 8]
+        return self.t(self.c2(torch.relu(self.c1(x))))
+
+
+class Convs1d(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv1d(3, 4, 3, stride=2, padding=2, dilation=2)
+        self.t = nn.ConvTranspose1d(4, 2, 4, stride=3, padding=1, output_padding=2)
+
+    def forward(self, x):  # x: [B, 3, 17]
+        h = self.c(x)
+        return self.t(h), F.max_pool1d(h, 3, 2, 1), F.avg_pool1d(h, 2)
+
+
+class Pools(nn.Module):
+    def forward(self, x):  # x: [B, 3, 11, 10]
+        return (F.max_pool2d(x, 3, stride=2, padding=1, dilation=2, ceil_mode=True),
+                F.max_pool2d(x, (2, 3)),
+                F.avg_pool2d(x, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+                F.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=True),
+                F.adaptive_avg_pool2d(x, 1))
+
+
+class Norms(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(6)
+        self.gn = nn.GroupNorm(3, 6)
+        self.inorm = nn.InstanceNorm2d(6, affine=True)
+        self.ln = nn.LayerNorm([5, 4])
+        with torch.no_grad():
+            for m in (self.bn, self.gn, self.inorm, self.ln):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):  # x: [B, 6, 5, 4]
+        return self.bn(x), self.gn(x * 2 + 1), self.inorm(x), self.ln(x)
+
+
+class Indexing(nn.Module):
+    """Embedding (Gather of computed ids), constant indices on other axes, slices with
+    steps and negative bounds, flip (a negative step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, x, ids):  # x: [B, 6, 8], ids: [B, 3] int64
+        e = self.emb(ids)  # [B, 3, 4]
+        return (e * 2.0, x[:, 2], x[:, [0, 4, 1]], x[:, 1:6:2, -3:], torch.flip(x, [2]),
+                x.index_select(2, torch.tensor([7, 5, 3])), x[..., 1])
+
+
+class Plumbing(nn.Module):
+    """Pad, Concat, Split, Where on float comparisons, Expand."""
+
+    def forward(self, x, y):  # x: [B, 4, 6], y: [B, 4, 1]
+        p = F.pad(x, (1, 2, 0, 1), value=0.5)
+        a, b2, c = torch.split(x, [1, 2, 3], dim=2)
+        q0, q1 = torch.chunk(x, 2, dim=1)
+        w = torch.where(x > y, x, y * 2.0) + torch.where(x <= 0.3, 1.0, 0.0) + torch.where(x == y, x, 0.0)
+        m = torch.where((x < 0.5) & ~(x > 1.0), x, -x)
+        return (p, torch.cat([c, a, b2 * 2], 2), q1 - q0, w, m, y.expand(-1, 4, 6) + x,
+                torch.cat([x, y.expand(-1, 4, 2)], -1))
+
+
+class Interpolate(nn.Module):
+    def forward(self, x):  # x: [B, 3, 5, 6]
+        return (F.interpolate(x, scale_factor=2, mode="nearest"),
+                F.interpolate(x, size=(7, 9), mode="bilinear", align_corners=False),
+                F.interpolate(x, size=(8, 4), mode="bilinear", align_corners=True),
+                F.interpolate(x, scale_factor=(1.5, 2.0), mode="bicubic", align_corners=False),
+                F.interpolate(x, size=(4, 11), mode="nearest"))
+
+
+class Activations(nn.Module):
+    def forward(self, x):  # x: [B, 32]
+        return (F.softplus(x * 4), torch.sigmoid(x), F.hardsigmoid(x * 4), F.hardswish(x * 4),
+                F.leaky_relu(x, 0.1), F.elu(x), F.selu(x), F.celu(x, 1.5), F.mish(x), F.silu(x),
+                torch.erf(x), F.softsign(x), torch.clamp(x, -0.5, 0.7), torch.sign(x))
+
+
+class Einsums(nn.Module):
+    def forward(self, x, y):  # x: [B, 3, 4], y: [B, 4, 5]
+        return (torch.einsum("bij,bjk->bik", x, y), torch.einsum("bij->bji", x),
+                torch.einsum("bij,bjk->bk", x, y), torch.einsum("bij,bij->b", x, x))
+
+
+class SinCos(nn.Module):
+    """Positions computed in forward: Range, Sin, Cos fold at import."""
+
+    def forward(self, x):  # x: [B, 8]
+        pos = torch.arange(x.shape[1]).to(torch.float32) * 0.3
+        return x * torch.sin(pos) + torch.cos(pos)
+
+
+class BatchedMatMul(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(5, 3))
+
+    def forward(self, x, y):  # x: [B, 2, 4, 5], y: [B, 2, 5, 6]
+        return x @ y, (x @ self.w).unsqueeze(1).squeeze(1)
+
+
+LAYERS = {
+    "convs": (Convs, [((4, 9, 8), "f")]),
+    "convs1d": (Convs1d, [((3, 17), "f")]),
+    "pools": (Pools, [((3, 11, 10), "f")]),
+    "norms": (Norms, [((6, 5, 4), "f")]),
+    "indexing": (Indexing, [((6, 8), "f"), ((3,), "i")]),
+    "plumbing": (Plumbing, [((4, 6), "f"), ((4, 1), "f")]),
+    "interpolate": (Interpolate, [((3, 5, 6), "f")]),
+    "activations": (Activations, [((32,), "f")]),
+    "einsum": (Einsums, [((3, 4), "f"), ((4, 5), "f")]),
+    "sincos": (SinCos, [((8,), "f")]),
+    "batched_matmul": (BatchedMatMul, [((2, 4, 5), "f"), ((2, 5, 6), "f")]),
+}
+LAYER_CASES = [(name, opset) for name in LAYERS for opset in (17, 20)]
+GPU_LAYERS = ("convs", "pools", "norms", "indexing", "plumbing", "interpolate")
+
+
+def _export_layers(name, opset, constant_folding=True):
+    factory, specs = LAYERS[name]
+    torch.manual_seed(0)
+    module = factory().eval()
+    args = tuple(torch.from_numpy(a) for a in make_inputs(specs, 3, seed=1))
+    names = [f"in{i}" for i in range(len(args))]
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, f, dynamo=False, opset_version=opset, input_names=names,
+                          dynamic_axes={n: {0: "batch"} for n in names}, do_constant_folding=constant_folding)
+    return module, specs, f.getvalue()
+
+
+def _torch_outputs(module, inputs):
+    ref64 = copy.deepcopy(module).double()
+    with torch.no_grad():
+        want = ref64(*(torch.from_numpy(a.astype(np.float64) if a.dtype.kind == "f" else a) for a in inputs))
+    return [w.numpy() for w in (want if isinstance(want, tuple) else (want,))]
+
+
+def _close(got, want, tol):
+    assert len(got) == len(want)
+    for i, (a, w) in enumerate(zip(got, want)):
+        assert a.shape == w.shape, f"output {i}: {a.shape} vs {w.shape}"
+        np.testing.assert_allclose(a, w, rtol=tol, atol=tol * max(1.0, np.abs(w).max()), err_msg=f"output {i}")
+
+
+@pytest.mark.parametrize("name,opset", LAYER_CASES, ids=[f"{n}-{o}" for n, o in LAYER_CASES])
+def test_layer_ops_match_torch(name, opset):
+    module, specs, data = _export_layers(name, opset, constant_folding=name != "sincos")
+    model = load_onnx(data, batch_size=BATCH)
+    g = model.graph
+    inputs = make_inputs(specs, BATCH, seed=2)
+    if name == "indexing":
+        assert any(n.op == "gather" for n in g.nodes) and any(n.op == "slice" for n in g.nodes)
+    outs, _ = run_graph(g, dict(zip(g.inputs, inputs)), np.float64)
+    _close(list(outs.values()), _torch_outputs(module, inputs), 1e-6)
+
+
+@pytest.mark.parametrize("name", GPU_LAYERS)
+def test_layer_ops_on_gpu(name, device):
+    from meganeura.compiler import compile_model
+    from meganeura.runtime import Package, Session
+
+    module, specs, data = _export_layers(name, 17)
+    model = load_onnx(data, batch_size=BATCH)
+    inputs = make_inputs(specs, BATCH, seed=2)
+    session = Session(device, Package.from_bytes(compile_model(model)))
+    got = session.run("infer", dict(zip(model.graph.inputs, inputs)))
+    _close([got[k] for k in model.graph.outputs], _torch_outputs(module, inputs), 1e-4)
+
+
+# ------------------------------------------------ hand-built graphs: what torch never writes
+def _graph_model(nodes, inputs, outputs, inits=(), opset=17):
+    from onnx import TensorProto, helper
+
+    def vi(name, shape, t=TensorProto.FLOAT):
+        return helper.make_tensor_value_info(name, t, shape)
+
+    graph = helper.make_graph(nodes, "g", [vi(*i) for i in inputs], [vi(o, None) for o in outputs], list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_conv_auto_pad_and_conv_transpose_output_shape():
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(6)
+    x2, w2 = rng.standard_normal((2, 3, 7, 8)), rng.standard_normal((4, 3, 3, 2))
+    x1, w1 = rng.standard_normal((2, 3, 10)), rng.standard_normal((4, 3, 4))
+    wt = rng.standard_normal((3, 2, 3, 3))
+    nodes = [helper.make_node("Conv", ["x2", "w2"], ["upper"], auto_pad="SAME_UPPER", strides=[2, 3]),
+             helper.make_node("Conv", ["x2", "w2"], ["lower"], auto_pad="SAME_LOWER", dilations=[2, 1]),
+             helper.make_node("Conv", ["x2", "w2"], ["valid"], auto_pad="VALID", strides=[1, 2]),
+             helper.make_node("Conv", ["x1", "w1"], ["c1"], auto_pad="SAME_UPPER", strides=[3]),
+             helper.make_node("ConvTranspose", ["x2", "wt"], ["t"], strides=[2, 2], output_shape=[14, 17])]
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in (("w2", w2), ("w1", w1), ("wt", wt))]
+    model = load_onnx(_graph_model(nodes, [("x2", [2, 3, 7, 8]), ("x1", [2, 3, 10])],
+                                   ["upper", "lower", "valid", "c1", "t"], inits))
+    w2, w1, wt = (model.params[k].astype(np.float64) for k in ("w2", "w1", "wt"))
+    got = run_graph(model.graph, {"x2": x2, "x1": x1})[0]
+    T = torch.from_numpy
+    # SAME: the output is ceil(in / stride); the odd padding goes last (UPPER) or first (LOWER)
+    want = {"upper": F.conv2d(F.pad(T(x2), (0, 0, 1, 1)), T(w2), stride=(2, 3)),  # H pads 1+1, W 0+0
+            "lower": F.conv2d(F.pad(T(x2), (1, 0, 2, 2)), T(w2), dilation=(2, 1)),  # W pads 1+0
+            "valid": F.conv2d(T(x2), T(w2), stride=(1, 2)),
+            "c1": F.conv1d(F.pad(T(x1), (1, 2)), T(w1), stride=3),
+            # output_shape [14, 17] of a full [15, 17]: the odd row is cut at the start
+            "t": F.conv_transpose2d(T(x2), T(wt), stride=2)[..., 1:, :]}
+    for k, w in want.items():
+        np.testing.assert_allclose(got[k], w.numpy(), rtol=1e-12, atol=1e-12, err_msg=k)
+
+
+def test_slice_split_gather_hand_built():
+    """Slice with negative steps and out-of-range bounds; Split by num_outputs (opset 18,
+    uneven) and by sizes; Gather on axis 1 by a computed index tensor; Pad with axes."""
+    from onnx import TensorProto, helper, numpy_helper
+    c = numpy_helper.from_array
+    i64 = lambda v: np.array(v, np.int64)
+    nodes = [helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["s"]),
+             helper.make_node("Split", ["x"], ["p0", "p1", "p2"], axis=2, num_outputs=3),
+             helper.make_node("Split", ["x", "sizes"], ["q0", "q1"], axis=1),
+             helper.make_node("Gather", ["x", "idx"], ["g"], axis=1),
+             helper.make_node("Gather", ["x", "cidx"], ["gc"], axis=-1),
+             helper.make_node("Pad", ["x", "pads", "pv", "pax"], ["pd"])]
+    inits = [c(i64([100, -1, 1]), "st"), c(i64([-100, 0, 9]), "en"), c(i64([2, 0, 1]), "ax"),
+             c(i64([-2, -1, 2]), "sp"), c(i64([1, 3]), "sizes"), c(i64([[3, 0], [1, -1]]), "cidx"),
+             c(i64([1, -1, 2, 0]), "pads"), c(np.array(2.5, np.float32), "pv"), c(i64([1, 2]), "pax")]
+    from onnx import helper as h
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4, 7]),
+                                      h.make_tensor_value_info("idx", TensorProto.INT64, [2, 3])],
+                         [h.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                          for n in ("s", "p0", "p1", "p2", "q0", "q1", "g", "gc", "pd")], inits)
+    model = load_onnx(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    x = np.random.default_rng(7).standard_normal((3, 4, 7))
+    idx = np.array([[3, 0, 1], [2, 2, -4]])
+    got = run_graph(model.graph, {"x": x, "idx": idx})[0]
+    want = {"s": x[-1:0:-1, 1:9:2, 100:-100:-2], "p0": x[..., :3], "p1": x[..., 3:6], "p2": x[..., 6:],
+            "q0": x[:, :1], "q1": x[:, 1:], "g": np.take(x, idx % 4, axis=1),
+            "gc": np.take(x, np.array([[3, 0], [1, 6]]), axis=2),
+            "pd": np.pad(x[:, :, 1:], ((0, 0), (1, 2), (0, 0)), constant_values=2.5)}
+    for k, w in want.items():
+        assert got[k].shape == w.shape, k
+        np.testing.assert_array_equal(got[k], w, err_msg=k)
+    ops = {n.op for n in model.graph.nodes}
+    assert {"slice", "gather", "transpose", "pad"} <= ops
+
+
+def test_group_normalization_opsets():
+    """GroupNormalization scales per group before opset 21, per channel from 21."""
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 6, 3, 2))
+    for opset, n in ((18, 3), (21, 6)):
+        s, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+        node = helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=3, epsilon=1e-3)
+        model = load_onnx(_graph_model([node], [("x", [2, 6, 3, 2])], ["y"],
+                                       [numpy_helper.from_array(s, "s"), numpy_helper.from_array(b, "b")], opset))
+        got = run_graph(model.graph, {"x": x})[0]["y"]
+        per = np.repeat if opset == 18 else (lambda a, k: a)
+        sc, bc = per(s.astype(np.float64), 2), per(b.astype(np.float64), 2)
+        want = F.group_norm(torch.from_numpy(x), 3, torch.from_numpy(sc), torch.from_numpy(bc), eps=1e-3)
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-7, atol=1e-9)  # epsilon is a float32
+
+
+def test_unsupported_modes_raise_not_implemented():
+    class Reflect(nn.Module):
+        def forward(self, x):
+            return F.pad(x, (1, 1), mode="reflect")
+
+    class Edge(nn.Module):
+        def forward(self, x):
+            return F.pad(x, (1, 1, 1, 1), mode="replicate")
+
+    for module, shape in ((Reflect(), (3, 4, 5)), (Edge(), (3, 2, 4, 5))):
+        f = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module, (torch.randn(*shape),), f, dynamo=False, opset_version=17)
+        with pytest.raises(NotImplementedError, match="Pad mode"):
+            load_onnx(f.getvalue())
+    from onnx import helper
+    node = helper.make_node("Einsum", ["x"], ["y"], equation="ii->i")
+    with pytest.raises(NotImplementedError, match="Einsum"):
+        load_onnx(_graph_model([node], [("x", [3, 3])], ["y"]))
+    node = helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2])
+    with pytest.raises(NotImplementedError, match="Indices"):
+        load_onnx(_graph_model([node], [("x", [1, 1, 4, 4])], ["y", "i"]))

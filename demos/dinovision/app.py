@@ -1,0 +1,120 @@
+"""The DinoVision app core: the scene rendered each frame, the model's mask drawn over it,
+and the decoder fine-tuned on the device from the engine's labels and the user's brush.
+
+Everything per frame stays on the GPU: the colour target becomes the model input, the
+logits become the overlay, the ID target becomes training labels. Only the loss comes back,
+frames later, through a non-blocking readback.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from meganeura.engine_bridge.texture_io import TensorOverlay, TextureInput
+from meganeura.runtime import Package, Session
+
+from .data import confusion, iou, miou, normalize
+from .labels import Labeler
+from .model import MEAN, STD, DemoConfig, compile_demo
+from .scene import CLASSES, PALETTE, Scene, heldout_frames
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+BACKBONE = ASSETS / "dinovision_backbone.safetensors"
+
+
+def overlay_palette(classes: int, alpha: float = 0.45) -> np.ndarray:
+    """RGBA per class: the scene's palette, then distinct hues for classes taught live."""
+    extra = [[255, 120, 220], [120, 255, 240], [255, 170, 40], [160, 110, 255], [255, 255, 255]]
+    rows = [list(c) for c in PALETTE] + extra * 4
+    pal = np.array(rows[:classes], np.float32) / 255.0
+    return np.concatenate([pal, np.full((classes, 1), alpha, np.float32)], axis=1)
+
+
+def load_backbone(path=None) -> dict:
+    from safetensors.numpy import load_file
+
+    path = Path(path) if path else BACKBONE
+    if not path.is_file():
+        raise FileNotFoundError(f"backbone weights not found: {path}")
+    return load_file(str(path))
+
+
+class DinoVision:
+    def __init__(self, device, size: int = 128, eyes: int = 1, seed: int = 0, cfg: DemoConfig | None = None,
+                 backbone_weights: dict | None = None, decoder_path=None, lr: float | None = None):
+        cfg = cfg or DemoConfig(height=size, width=size, eyes=eyes)
+        if lr is not None:
+            cfg.lr = lr
+        self.cfg, self.device = cfg, device
+        t = time.perf_counter()
+        weights = backbone_weights if backbone_weights is not None else load_backbone()
+        self.session = Session(device, Package.from_bytes(compile_demo(cfg, weights)))
+        self.load_seconds = time.perf_counter() - t
+        self.decoder_path = Path(decoder_path) if decoder_path else None
+        self.restored = False
+        if self.decoder_path and self.decoder_path.is_file():
+            self.session.load_weights(self.decoder_path, strict=False)
+            self.restored = True
+        self.scene = Scene(device, cfg.width, cfg.height, seed=seed, stereo=cfg.eyes == 2)
+        enc = device.create_command_encoder()
+        targets = [self.scene.render(enc, 0.0, eye) for eye in range(cfg.eyes)]
+        device.queue.submit([enc.finish()])
+        self.colour = [c for c, _ in targets]
+        self.ids = [i for _, i in targets]
+        self.inputs = [TextureInput(self.session, self.colour[e], input="pixel_values", program="infer",
+                                    layout="nchw", mean=MEAN, std=STD, batch_index=e) for e in range(cfg.eyes)]
+        self.overlays = [TensorOverlay(self.session, "logits", "infer", layout="nchw",
+                                       palette=overlay_palette(cfg.classes), batch_index=e) for e in range(cfg.eyes)]
+        self.labeler = Labeler(self.session, self.ids, cfg.label_shape, cfg.label_stride, cfg.classes)
+        self.loss_readback = self.session.readback("train_decoder", "loss", depth=4)
+        self.steps = 0
+        self.losses = []  # (step, loss) as they arrive
+
+    # ------------------------------------------------------------------ per frame
+    def record_frame(self, encoder, t: float, train: bool = True) -> None:
+        """Render, infer, overlay, and (with `train`) one decoder step, into `encoder`."""
+        for eye in range(self.cfg.eyes):
+            self.scene.render(encoder, t, eye)
+        for inp in self.inputs:
+            inp.record(encoder)
+        self.session.record(encoder, "infer")
+        for ov in self.overlays:
+            ov.record(encoder)
+        if train:
+            self.labeler.record(encoder)
+            self.session.record(encoder, "train_decoder")
+            self.loss_readback.record(encoder)
+            self.steps += 1
+
+    def submitted(self) -> None:
+        self.loss_readback.submitted()
+        got = self.loss_readback.poll()
+        if got is not None:
+            self.losses.append((self.steps, float(got[1])))
+
+    def composite(self, encoder, target, eye: int = 0, viewport=None) -> None:
+        self.overlays[eye].composite(encoder, target, background=self.colour[eye], viewport=viewport)
+
+    # ---------------------------------------------------------------- evaluation
+    def evaluate(self, frames=None, classes=None) -> dict:
+        """mIoU on held-out frames (never trained on), at the demo's resolution."""
+        frames = frames or heldout_frames(8)
+        cfg = self.cfg
+        scene = Scene(self.device, cfg.width, cfg.height, seed=frames[0][0], stereo=cfg.eyes == 2)
+        conf = np.zeros((cfg.classes, cfg.classes), np.int64)
+        for seed, t in frames:
+            if scene.seed != seed:
+                scene.reseed(seed)
+            shots = [scene.read_frame(t, eye) for eye in range(cfg.eyes)]
+            x = np.stack([normalize(rgb) for rgb, _ in shots])
+            logits = self.session.run("infer", {"pixel_values": x})["logits"]
+            pred = logits.argmax(1)
+            target = np.stack([ids for _, ids in shots]).astype(np.int64)
+            if classes is not None:  # map engine ids to the classes being measured
+                target = np.asarray(classes)[target]
+            conf += confusion(pred, target, cfg.classes)
+        per_class = {CLASSES[c] if c < len(CLASSES) else f"class{c}": iou(conf, c) for c in range(cfg.classes)
+                     if conf[c].sum() or conf[:, c].sum()}
+        return {"miou": miou(conf), "per_class": per_class, "confusion": conf}

@@ -1,0 +1,254 @@
+"""ONNX backend conformance: the node tests of the ONNX backend test suite, imported,
+compiled and run on the GPU device, compared with the suite's expected outputs.
+
+The suite's node tests come from the installed `onnx` package: its data directory
+(onnx/backend/test/data/node/*/model.onnx with test_data_set_*/) where the wheel ships
+it, else the same test cases generated in memory by onnx.backend.test.case.node.
+
+Every node test is classified:
+  passed         the GPU outputs match the expected ones (the suite's rtol 1e-3, atol 1e-7)
+  failed         anything else; the test fails unless the case is in ALLOWED below
+  not supported  import raised NotImplementedError, or an input/output has an element
+                 type that meganeura does not compute (int64 outputs, float16, double,
+                 strings, sequences, ...)
+A model whose op reads an attribute-like input (Reshape's shape, Slice's starts, Pad's
+pads, Resize's scales, Clip's bounds, ...) that the test feeds as a graph input is
+specialized: that input's test value becomes an initializer ("passed, specialized"),
+as a compiler for fixed shapes must.
+
+`pytest -s` prints the counts and every failure; docs/ONNX.md records them.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import re
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from meganeura.compiler import compile_graph, run_graph
+from meganeura.compiler.onnx_import import load_onnx
+from onnx import TensorProto, numpy_helper
+from onnx.backend.base import Backend, BackendRep
+
+# node test -> why its failure is accepted (a semantic meganeura deliberately differs on)
+ALLOWED: dict = {
+}
+
+IN_TYPES = {TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL}
+OUT_TYPES = {TensorProto.FLOAT, TensorProto.BOOL}
+_CONSTANT = re.compile(r"\('([^']+)'\) must be a constant")
+
+
+class MeganeuraRep(BackendRep):
+    """A prepared model: imported, compiled, and loaded into a Session on the device."""
+
+    def __init__(self, model, device, baked=()):
+        from meganeura.runtime import Package, Session
+
+        self.model = load_onnx(model)
+        self.baked = tuple(baked)
+        self.graph = self.model.graph
+        self.session = Session(device, Package.from_bytes(compile_graph(self.graph)))
+
+    def run(self, inputs, **kwargs):
+        outs = self.session.run("infer", dict(zip(self.graph.inputs, inputs)))
+        return tuple(outs[k] for k in self.graph.outputs)
+
+
+class MeganeuraBackend(Backend):
+    """onnx.backend.base.Backend over meganeura: `device` is a wgpu device (None: the
+    default one). Inputs that the importer needs as constants are baked into the model
+    from `inputs` when given (see `specialize`)."""
+
+    @classmethod
+    def supports_device(cls, device):
+        return device in ("CPU", "GPU", None) or not isinstance(device, str)
+
+    @classmethod
+    def prepare(cls, model, device=None, inputs=None, **kwargs):
+        if inputs is not None and not isinstance(inputs, dict):
+            inputs = dict(zip([vi.name for vi in model.graph.input], inputs))
+        baked = []
+        while True:
+            try:
+                return MeganeuraRep(model, device, baked)
+            except NotImplementedError as exc:
+                model, name = specialize(model, exc, inputs)
+                if name is None:
+                    raise
+                baked.append(name)
+
+    @classmethod
+    def run_model(cls, model, inputs, device=None, **kwargs):
+        return cls.prepare(model, device, inputs).run(inputs)
+
+
+def specialize(model, exc, inputs: dict | None):
+    """(model with one more graph input made an initializer, its name), or (model, None)."""
+    m = _CONSTANT.search(str(exc))
+    if m is None or inputs is None or m.group(1) not in {vi.name for vi in model.graph.input}:
+        return model, None
+    name = m.group(1)
+    value = inputs[name]
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = [vi for vi in out.graph.input if vi.name != name]
+    del out.graph.input[:]
+    out.graph.input.extend(keep)
+    out.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+    return out, name
+
+
+# ------------------------------------------------------------------ the cases
+def _cases(root=None):
+    """[(name, model, [(inputs, outputs), ...], rtol, atol)] for every node test."""
+    import onnx.backend.test
+
+    root = root or os.path.join(os.path.dirname(onnx.backend.test.__file__), "data", "node")
+    if os.path.isdir(root):
+        out = []
+        for name in sorted(os.listdir(root)):
+            d = os.path.join(root, name)
+            model = onnx.load(os.path.join(d, "model.onnx"))
+            sets = [(_read_set(os.path.join(d, ds), "input_"), _read_set(os.path.join(d, ds), "output_"))
+                    for ds in sorted(x for x in os.listdir(d) if x.startswith("test_data_set"))]
+            out.append((name, model, sets, 1e-3, 1e-7))
+        return out
+    from onnx.backend.test.case import node
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        cases = node.collect_testcases(None)
+    return [(c.name, c.model, [tuple([_array(a) for a in part] for part in ds) for ds in c.data_sets],
+             c.rtol, c.atol) for c in cases if c.model is not None and c.data_sets]
+
+
+def _array(a):
+    return np.asarray(a) if isinstance(a, (np.ndarray, np.generic)) else a
+
+
+def _read_set(folder, kind):
+    files = sorted((f for f in os.listdir(folder) if f.startswith(kind)), key=lambda f: int(re.sub(r"\D", "", f) or 0))
+    return [_read_pb(os.path.join(folder, f)) for f in files]
+
+
+def _read_pb(path):
+    t = TensorProto()
+    with open(path, "rb") as fh:
+        t.ParseFromString(fh.read())
+    return numpy_helper.to_array(t)
+
+
+def _types_unsupported(model, sets):
+    g = model.graph
+    for vi, kind, allowed in [(vi, "input", IN_TYPES) for vi in g.input if vi.name not in
+                              {i.name for i in g.initializer}] + [(vi, "output", OUT_TYPES) for vi in g.output]:
+        if not vi.type.HasField("tensor_type"):
+            return f"{kind} {vi.name!r} is not a tensor"
+        t = vi.type.tensor_type.elem_type
+        if t not in allowed:
+            return f"{kind} {vi.name!r} has type {TensorProto.DataType.Name(t)}"
+    for ins, outs in sets:
+        for k, a in enumerate(list(ins) + list(outs)):
+            if not isinstance(a, np.ndarray):
+                return "a non-tensor value"
+            if a.dtype.kind in "iu" and a.size and (a.min() < -(2 ** 31) or a.max() >= 2 ** 31):
+                return "integers outside the 32-bit range"
+            if a.size == 0 and (k >= len(ins) or a.dtype.kind == "f"):
+                return "an empty tensor"
+    return None
+
+
+def _mismatch(got, want, rtol, atol):
+    """None when got matches want (NaN where want is NaN), else a short description."""
+    want = np.asarray(want)
+    if want.dtype == np.bool_:
+        want = want.astype(np.float32)
+    got = np.asarray(got)
+    if got.shape != want.shape:
+        return f"shape {got.shape} != {want.shape}"
+    with np.errstate(invalid="ignore"):
+        w, g = want.astype(np.float64), got.astype(np.float64)
+        bad = ~((np.abs(g - w) <= atol + rtol * np.abs(w)) | (np.isnan(w) & np.isnan(g)) | (g == w))
+    if bad.any():
+        i = np.unravel_index(np.argmax(bad), bad.shape)
+        return f"{int(bad.sum())}/{bad.size} differ, e.g. at {tuple(int(k) for k in i)}: {g[i]} vs {w[i]}"
+    return None
+
+
+def _check(outputs, expected, names, rtol, atol):
+    errs = []
+    for name, got, want in zip(names, outputs, expected):
+        err = _mismatch(got, want, rtol, atol)
+        if err:
+            errs.append(f"{name}: {err}")
+    return "; ".join(errs) if errs else None
+
+
+def run_case(device, name, model, sets, rtol, atol):
+    """(status, detail): status in passed / specialized / failed / unsupported."""
+    why = _types_unsupported(model, sets)
+    if why:
+        return "unsupported", why
+    inputs = sets[0][0]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rep = MeganeuraBackend.prepare(model, device, inputs)
+    except NotImplementedError as exc:
+        return "unsupported", str(exc).split("; supported ops")[0][:200]
+    except Exception as exc:  # noqa: BLE001  (an import or compile error of a supported op)
+        return "failed", f"prepare: {type(exc).__name__}: {str(exc)[:300]}"
+    names = list(rep.graph.outputs)
+    errs = []
+    for ins, want in sets:
+        ins = [a for a, vi in zip(ins, model.graph.input) if vi.name not in rep.baked]
+        try:
+            got = rep.run(ins)
+        except Exception as exc:  # noqa: BLE001
+            errs.append(f"run: {type(exc).__name__}: {str(exc)[:300]}")
+            continue
+        err = _check(got, want, names, rtol, atol)
+        if err:  # is it the importer (float64 interpreter agrees with the GPU) or the GPU?
+            with np.errstate(all="ignore"):
+                ref = run_graph(rep.graph, dict(zip(rep.graph.inputs, ins)), np.float64)[0]
+            ierr = _check([ref[k] for k in names], want, names, rtol, atol)
+            errs.append(f"GPU: {err} | interpreter: {ierr or 'matches'}")
+    if errs:
+        return "failed", " / ".join(errs)
+    return ("specialized" if rep.baked else "passed"), ", ".join(rep.baked)
+
+
+def test_onnx_backend_node_suite(device):
+    t0 = time.perf_counter()
+    cases = _cases()
+    t_collect = time.perf_counter() - t0
+    results = {}
+    only = re.compile(os.environ.get("MEGANEURA_ONNX_ONLY", ""))  # a regex of names, for debugging
+    for name, model, sets, rtol, atol in cases:
+        if not only.search(name):
+            continue
+        results[name] = run_case(device, name, model, sets, min(rtol, 1e-3), min(atol, 1e-7))
+    elapsed = time.perf_counter() - t0
+    counts = collections.Counter(s for s, _ in results.values())
+    failed = {k: d for k, (s, d) in results.items() if s == "failed"}
+    unexpected = {k: d for k, d in failed.items() if k not in ALLOWED}
+    passed = counts["passed"] + counts["specialized"]
+    attempted = passed + counts["failed"]
+    print(f"\nONNX node tests: {len(results)}: {passed} passed ({counts['specialized']} specialized) "
+          f"of {attempted} attempted, {counts['failed']} failed ({len(failed) - len(unexpected)} allowed), "
+          f"{counts['unsupported']} not supported; {elapsed:.1f} s ({t_collect:.1f} s collecting)")
+    for k, d in sorted(failed.items()):
+        print(f"  FAILED{' (allowed)' if k in ALLOWED else ''} {k}: {d}")
+    if os.environ.get("MEGANEURA_ONNX_REPORT"):  # a file of every result, for docs/ONNX.md
+        with open(os.environ["MEGANEURA_ONNX_REPORT"], "w") as fh:
+            for k, (s, d) in sorted(results.items()):
+                fh.write(f"{k}\t{s}\t{d}\n")
+    stale = sorted(k for k in ALLOWED if results.get(k, ("failed",))[0] != "failed")
+    assert not unexpected, f"{len(unexpected)} ONNX node tests failed: {sorted(unexpected)}"
+    assert not stale, f"allow-listed ONNX node tests that no longer fail (remove them): {stale}"
