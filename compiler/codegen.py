@@ -211,7 +211,7 @@ def _reduce(sched: Schedule, k: Kernel) -> KernelCode:
     combine = "fn combine(a: f32, b: f32) -> f32 { return " + ("max(a, b)" if is_max else "a + b") + "; }"
     decls = bind.decls(["src", "dst"]) + "\n" + combine
     init = f32_literal(float("-inf")) if is_max else "0.0"
-    if inner == 1:
+    if inner == 1 and red > 64:
         wgsl = render("reduce_rows", BINDINGS=decls, OUTER=outer, R=red, INIT=init, COMBINE="combine")
         return KernelCode(wgsl, (64, 1, 1), bind.list(), grid(outer), n.op)
     wgsl = render("reduce_cols", BINDINGS=decls, OUTER=outer, R=red, INNER=inner, INIT=init, COMBINE="combine")
@@ -228,6 +228,9 @@ def _softmax(sched: Schedule, k: Kernel) -> KernelCode:
     bind.use(base_of(g, n.inputs[0]))
     bind.use(r, write=True)
     out = "exp(z) / s" if n.op == "softmax" else "z - log_s"
+    if cols <= 32:  # short rows: a thread each, no barriers
+        wgsl = render("softmax_small", BINDINGS=bind.decls(["src", "dst"]), ROWS=rows, COLS=cols, OUT_EXPR=out)
+        return KernelCode(wgsl, (64, 1, 1), bind.list(), grid(-(-rows // 64)), n.op)
     wgsl = render("softmax", BINDINGS=bind.decls(["src", "dst"]), ROWS=rows, COLS=cols, OUT_EXPR=out)
     return KernelCode(wgsl, (64, 1, 1), bind.list(), grid(rows), n.op)
 

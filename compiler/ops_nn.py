@@ -167,6 +167,7 @@ def _pool_shape(nodes, at):
     x = nodes[0].shape
     assert len(x) == 4, "pooling takes x [N, C, H, W]"
     kh, kw, s, p, d, ceil = _pool_attrs(at)
+    assert d == (1, 1) or "count_include_pad" not in at and not at.get("average"), "average pooling has no dilation"
     ho = conv_out(x[2], kh, s[0], p[0], p[2], d[0], ceil)
     wo = conv_out(x[3], kw, s[1], p[1], p[3], d[1], ceil)
     assert ho > 0 and wo > 0, "the pooling window is larger than the padded input"

@@ -29,6 +29,24 @@ def shared_device(device=None):
     return device
 
 
+def declare_device_wishes() -> bool:
+    """Ask wgpu's default device for the features our kernels can use (shader-f16, subgroup,
+    timestamp-query), when the adapter has them. Runs at import of meganeura.engine_bridge,
+    the convention of pygfx and wgpu (preconfigure_default_device): it creates no device,
+    and a library that creates the default device later (pygfx's renderer) gets the union.
+    False when the default device exists already: it is then used as it is."""
+    try:
+        import wgpu.utils
+        from meganeura.runtime.device import PREFERRED_FEATURES
+    except ImportError:
+        return False
+    helper = getattr(wgpu.utils.get_default_device, "__self__", None)
+    if helper is None or getattr(helper, "_the_device", None) is not None:
+        return False
+    wgpu.utils.preconfigure_default_device("meganeura.engine_bridge", preferred_features=set(PREFERRED_FEATURES))
+    return True
+
+
 def vulkan_only() -> bool:
     """Restrict wgpu's instance to Vulkan on Linux, before the first adapter request.
 

@@ -77,10 +77,14 @@ class SurfaceHost(Host):
         self.context = wgpu.gpu.get_canvas_context(present_info)
         self.size = tuple(int(s) for s in size)
         self.context.set_physical_size(*self.size)
-        caps = self.context._get_capabilities(self.device.adapter)
+        preferred = self.context.get_preferred_format(self.device.adapter)
+        try:  # wgpu-py 0.32 lists the surface's formats and usages only privately
+            caps = self.context._get_capabilities(self.device.adapter)
+        except AttributeError:
+            caps = {"formats": [preferred], "usages": wgpu.TextureUsage.RENDER_ATTACHMENT}
         # a non-sRGB format: the bridge's colours and the scene are written as they are
         plain = [f for f in caps["formats"] if not f.endswith("srgb")]
-        self.format = plain[0] if plain else self.context.get_preferred_format(self.device.adapter)
+        self.format = plain[0] if plain else preferred
         self.usage = _TARGET_USAGE & caps["usages"] | wgpu.TextureUsage.RENDER_ATTACHMENT
         self._configure()
 
@@ -96,6 +100,15 @@ class SurfaceHost(Host):
 
     def present(self) -> None:
         self.context.present()
+
+    def _release_surface(self) -> None:
+        """Free the surface while its window and X display still exist (a surface released
+        after them talks to a closed X connection, and Xlib ends the process)."""
+        self.device.queue.submit([])
+        self.context.unconfigure()
+        release = getattr(self.context, "_release", None)  # wgpu-py 0.32 has no public call
+        if release is not None:
+            release()
 
 
 def _capsule_pointer(capsule, name: bytes) -> int:
@@ -143,7 +156,7 @@ class PygameHost(SurfaceHost):
 
     def close(self) -> None:
         if not self._closed:
-            self.context.unconfigure()
+            self._release_surface()
             self._pg.display.quit()
         self._closed, self.running = True, False
 
@@ -178,6 +191,16 @@ class GlfwHost(SurfaceHost):
 
     def close(self) -> None:
         if not self._closed:
-            self.context.unconfigure()
+            self._release_surface()
             self._glfw.destroy_window(self.window)
         self._closed, self.running = True, False
+
+
+def pygfx_texture(texture):
+    """The wgpu GPUTexture behind a pygfx Texture (made on pygfx's device if it does not exist yet).
+
+    Render into it with gfx.WgpuRenderer(texture); then TextureInput reads it, and a
+    TextureHost (or TensorOverlay.composite) draws over it, all on pygfx's own device."""
+    from pygfx.renderers.wgpu.engine.update import ensure_wgpu_object
+
+    return ensure_wgpu_object(texture)

@@ -10,11 +10,14 @@ as the first training chunk of its frame, so a frame's ML work passes the budget
 most one chunk. Without timestamp queries the estimates come from warm_up()'s CPU-clock
 calibration, or from a per-dispatch cost.
 
-Training steps are spread over frames. A step's batch is uploaded (queue.write_buffer)
-into a private ring of held buffers when the step starts, and copied on the GPU into the
-Session's input buffers before the chunks that read them; an input buffer that inference
-shares (the image `x`) is saved and restored around each training chunk, so inference
-between chunks sees its own input and the step sees its batch until its last chunk.
+Training steps are spread over frames, and a step keeps its data to itself until its last
+chunk: its batch is uploaded (queue.write_buffer, once per step) into a private ring of held
+buffers, or, with train(None), snapshotted on the GPU from what the inputs hold when the
+step starts. Every buffer the step shares with another program (the image `x` that
+inference also reads, features that inference caches for it) is swapped around each
+training chunk that binds it, with GPU copies: the other program's value saved, the step's
+put in, the chunk run, the step's kept, the other's put back. Inference between chunks
+sees its own inputs; the step sees its own; the weights equal those of one-go steps.
 
     sched = FrameScheduler(session, budget_ms=6, before=[feed], after=[overlay])
     sched.train(batches)            # an iterable of {input name: array}
@@ -34,7 +37,7 @@ from collections import deque
 
 import numpy as np
 
-from .device import has_timestamps
+from .device import has_timestamps, log
 from .timing import Costs, GpuTimer, Trace
 
 
@@ -73,10 +76,16 @@ class FrameScheduler:
         self._fence = self.device.create_buffer(size=8, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         # training
         self.training = False
+        self.starved = 0  # frames in which inference alone filled the budget while training waited
         self.steps_started = self.steps_done = 0
         self._batches, self._step, self._step_limit = None, None, None
         self._held, self._held_count = [], held_batches
-        self._inputs = {}
+        self._inputs, self._ctx, self._prepare = {}, {}, None
+
+    @property
+    def train_active(self) -> bool:
+        """True while training has batches to run or a step in flight."""
+        return self.training or self._step is not None
 
     # ------------------------------------------------------------- set-up
     def readback(self, output: str, program: str | None = None, depth: int = 3):
@@ -86,36 +95,51 @@ class FrameScheduler:
         self._readbacks.setdefault(program, []).append(rb)
         return rb
 
-    def train(self, batches, steps: int | None = None) -> None:
-        """Train on `batches` (an iterable of {input: array}, or a callable returning one or None)."""
+    def train(self, batches=None, steps: int | None = None, prepare=None) -> None:
+        """Train on `batches` (an iterable of {input: array}, or a callable returning one or None),
+        at most `steps` steps; a batch smaller than the compiled one is padded and masked.
+        With batches=None the step's inputs are already on the GPU: `prepare(encoder)`, when
+        given, is recorded before each step's first chunk (e.g. a kernel writing labels)."""
         if self.train_program is None:
             raise ValueError("this package has no training program (compile it with a TrainConfig)")
         if callable(batches):
-            fn = batches
-            batches = iter(fn, None)
-        self._batches, self._step_limit, self.training = iter(batches), steps, True
+            batches = iter(batches, None)
+        limit = None if steps is None else self.steps_started + steps
+        self._batches = None if batches is None else iter(batches)
+        self._step_limit, self._prepare, self.training = limit, prepare, True
         if not self._held:
             self._setup_training()
+        mask = self.session.package.programs[self.train_program].get("row_mask")
+        if batches is None and mask:  # data already on the GPU: every row counts (one upload, here)
+            t = self._inputs[mask]
+            self.device.queue.write_buffer(self.session.buffers[t["buffer"]], 0, np.ones(t["shape"], np.float32))
 
     def _setup_training(self):
-        wgpu, s = self._wgpu, self.session
+        """Find the buffers a step must keep to itself: its declared inputs, and every buffer it
+        binds that another program writes (or takes as input) between its chunks."""
+        wgpu, s, m = self._wgpu, self.session, self.session.package.manifest
         usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-        p = s.package.programs[self.train_program]
+        prog = m["programs"][self.train_program]
         others = set()
-        for name, q in s.package.programs.items():
+        for name, q in m["programs"].items():
             if name != self.train_program:
-                others |= {bi for d in q["dispatches"] for bi in d["buffers"]}
-                others |= {s.tensors[ti]["buffer"] for ti in list(q["inputs"].values()) + list(q["outputs"].values())}
-        for name, ti in p["inputs"].items():
-            t = s.tensors[ti]
-            nbytes = max(4, int(np.prod(t["shape"], dtype=np.int64)) * 4)
-            shared = t["buffer"] in others
-            self._inputs[name] = {"tensor": t, "bytes": nbytes, "shared": shared,
-                                  "save": s.device.create_buffer(size=nbytes, usage=usage) if shared else None}
-        self._held = [{"buffers": {n: s.device.create_buffer(size=v["bytes"], usage=usage, label=f"held {n}")
-                                   for n, v in self._inputs.items()}, "free_after": -1}
+                for d in q["dispatches"]:
+                    others |= {bi for bi, a in zip(d["buffers"], m["kernels"][d["kernel"]]["access"])
+                               if a == "read_write"}
+                others |= {s.tensors[ti]["buffer"] for ti in q["inputs"].values()}
+        bound = {bi for d in prog["dispatches"] for bi in d["buffers"]}
+        self._inputs = {name: s.tensors[ti] for name, ti in prog["inputs"].items()}
+        declared = {t["buffer"]: name for name, t in self._inputs.items()}
+        self._ctx = {}
+        for b in sorted((bound & others) | set(declared)):
+            t = self._inputs.get(declared.get(b))
+            nbytes = max(4, int(np.prod(t["shape"], dtype=np.int64)) * 4) if t else s.buffers[b].size
+            self._ctx[b] = {"name": declared.get(b), "bytes": nbytes, "shared": b in others,
+                            "save": s.device.create_buffer(size=nbytes, usage=usage) if b in others else None}
+        self._held = [{"buffers": {b: s.device.create_buffer(size=c["bytes"], usage=usage, label=f"held {b}")
+                                   for b, c in self._ctx.items()}, "free_after": -1}
                       for _ in range(self._held_count)]
-        disp = p["dispatches"]
+        disp = prog["dispatches"]
         self._touches = [{bi for d in disp[a:b] for bi in d["buffers"]} for _, a, b in self.chunks[self.train_program]]
 
     def warm_up(self, repeats: int = 2) -> None:
@@ -139,14 +163,10 @@ class FrameScheduler:
         for r in range(repeats):
             last = r == repeats - 1
             if last and self.timer is None:  # no timestamps: time each pass on the CPU clock
-                for key, _, _, fn in passes:
-                    self._wait_idle()
-                    t0 = time.perf_counter()
-                    enc = dev.create_command_encoder()
-                    fn(enc, None)
-                    dev.queue.submit([enc.finish()])
-                    self._wait_idle()
-                    self.costs.calibrated[key] = (time.perf_counter() - t0) * 1e3
+                empty = min(self._wall_ms(None) for _ in range(3))  # submit + fence alone
+                for key, _, n, fn in passes:
+                    ms = float(np.median([self._wall_ms(fn) for _ in range(3)]))
+                    self.costs.calibrated[key] = max(ms - empty, 0.001 * n)
                 continue
             timed = last and self.timer.begin()
             enc = dev.create_command_encoder()
@@ -164,6 +184,16 @@ class FrameScheduler:
             enc.copy_buffer_to_buffer(tmp, 0, b, 0, b.size)
         dev.queue.submit([enc.finish()])
         self.flush()
+
+    def _wall_ms(self, fn) -> float:
+        self._wait_idle()
+        t0 = time.perf_counter()
+        enc = self.device.create_command_encoder()
+        if fn is not None:
+            fn(enc, None)
+        self.device.queue.submit([enc.finish()])
+        self._wait_idle()
+        return (time.perf_counter() - t0) * 1e3
 
     def _all_passes(self):
         s, out = self.session, []
@@ -228,6 +258,11 @@ class FrameScheduler:
             spent += self.costs.estimate(("after", i), out.dispatches)
         f["chunks"] = len(f["passes"]) - sum(p["kind"] == "render" for p in f["passes"])
         if self.training:
+            if spent >= self.budget_ms:
+                self.starved += 1
+                if self.starved == 1:
+                    log.warning("inference alone (%.2f ms estimated) fills the ML budget of %.2f ms: "
+                                "training waits for a frame with room (raise budget_ms)", spent, self.budget_ms)
             spent = self._record_training(encoder, f, spent)
         f["ml_est_ms"], f["steps_done"] = spent, self.steps_done
         return f
@@ -261,21 +296,29 @@ class FrameScheduler:
         return spent
 
     def _train_chunk(self, encoder, f, st, i, a, b):
-        s, held = self.session, self._held[st["slot"]]["buffers"]
-        restore = []
-        for name, v in self._inputs.items():
-            dst = s.buffers[v["tensor"]["buffer"]]
-            if v["shared"] and v["tensor"]["buffer"] in self._touches[i]:
-                encoder.copy_buffer_to_buffer(dst, 0, v["save"], 0, v["bytes"])
-                encoder.copy_buffer_to_buffer(held[name], 0, dst, 0, v["bytes"])
-                restore.append((v["save"], dst, v["bytes"]))
-            elif not v["shared"] and st["next"] == 0:
-                encoder.copy_buffer_to_buffer(held[name], 0, dst, 0, v["bytes"])
+        """One chunk of the step. A buffer the step shares with other programs is swapped in
+        around it (save theirs, put the step's, run, keep the step's, put theirs back)."""
+        s, held, first = self.session, self._held[st["slot"]]["buffers"], st["next"] == 0
+        if first and self._prepare is not None:
+            self._prepare(encoder)
+        swap = []
+        for bi, c in self._ctx.items():
+            buf, mine, n = s.buffers[bi], held[bi], c["bytes"]
+            if first and (c["name"] is None or not st["uploaded"]):
+                if c["shared"]:
+                    encoder.copy_buffer_to_buffer(buf, 0, mine, 0, n)  # the step's snapshot of the GPU's data
+            elif first and not c["shared"]:
+                encoder.copy_buffer_to_buffer(mine, 0, buf, 0, n)  # the uploaded batch, once
+            if c["shared"] and bi in self._touches[i]:
+                encoder.copy_buffer_to_buffer(buf, 0, c["save"], 0, n)
+                encoder.copy_buffer_to_buffer(mine, 0, buf, 0, n)
+                swap.append((buf, mine, c["save"], n))
         prog = self.train_program
         self._pass(encoder, f, f"{prog}[{a}:{b}] step {st['index']}", (prog, i), b - a,
                    lambda e, kw: s.record(e, prog, a, b, kw))
-        for save, dst, n in restore:
-            encoder.copy_buffer_to_buffer(save, 0, dst, 0, n)
+        for buf, mine, theirs, n in swap:
+            encoder.copy_buffer_to_buffer(buf, 0, mine, 0, n)
+            encoder.copy_buffer_to_buffer(theirs, 0, buf, 0, n)
 
     def _start_step(self) -> bool:
         if self._step_limit is not None and self.steps_started >= self._step_limit:
@@ -286,14 +329,17 @@ class FrameScheduler:
         slot = next((k for k, h in enumerate(self._held) if h["free_after"] < self.frame), None)
         if slot is None:
             return False
-        batch = next(self._batches, None)
-        if batch is None:
-            self.training = False
-            return False
-        for name, arr in self._coerce(batch).items():
-            self.device.queue.write_buffer(self._held[slot]["buffers"][name], 0, arr.tobytes())
+        uploaded = self._batches is not None
+        if uploaded:
+            batch = next(self._batches, None)
+            if batch is None:
+                self.training = False
+                return False
+            for name, arr in self._coerce(batch).items():
+                self.device.queue.write_buffer(self._held[slot]["buffers"][self._inputs[name]["buffer"]], 0,
+                                               arr.tobytes())
         self._held[slot]["free_after"] = float("inf")
-        self._step = {"slot": slot, "next": 0, "index": self.steps_started, "frame": self.frame}
+        self._step = {"slot": slot, "next": 0, "index": self.steps_started, "frame": self.frame, "uploaded": uploaded}
         self.steps_started += 1
         return True
 
@@ -306,7 +352,7 @@ class FrameScheduler:
                              f"got {sorted(batch)}")
         out, rows = {}, set()
         for name in public:
-            t = self._inputs[name]["tensor"]
+            t = self._inputs[name]
             shape, arr = list(t["shape"]), np.asarray(batch[name])
             if list(arr.shape) != shape:
                 partial = (mask and arr.ndim == len(shape) and list(arr.shape[1:]) == shape[1:]
@@ -323,7 +369,7 @@ class FrameScheduler:
         if mask:
             if len(rows) != 1:
                 raise ValueError(f"the inputs of one batch have different row counts: {sorted(rows)}")
-            n = self._inputs[mask]["tensor"]["shape"][0]
+            n = self._inputs[mask]["shape"][0]
             out[mask] = (np.arange(n) < rows.pop()).astype(np.float32)
         return out
 
@@ -421,9 +467,9 @@ class FrameScheduler:
             return round(float(np.percentile(v, q)), 3) if v else None
 
         return {"frames": len(frames), "budget_ms": self.budget_ms, "timestamps": self.timestamps,
-                "ml_ms_p50": pct(ml, 50), "ml_ms_max": round(max(ml), 3) if ml else None,
+                "ml_ms_p50": pct(ml, 50), "ml_ms_max": round(float(max(ml)), 3) if ml else None,
                 "ml_est_ms_p50": pct(est, 50),
                 "render_ms_p50": pct([f["render_ms"] for f in frames if f["render_ms"] is not None], 50),
                 "cpu_ms_p50": pct([f["cpu_ms"] for f in frames], 50),
                 "chunks_per_frame": round(float(np.mean([f["chunks"] for f in frames])), 2) if frames else 0,
-                "train_steps": self.steps_done}
+                "train_steps": self.steps_done, "starved_frames": self.starved}

@@ -36,7 +36,7 @@ def _geometry(shape, layout, size, what):
                              "or [batch, pixels, channels]")
         n, p, c = ([1] + shape) if len(shape) == 2 else shape
         if size is None:
-            side = int(round(p ** 0.5))
+            side = round(p ** 0.5)
             if side * side != p:
                 raise ValueError(f"{what} has {p} pixels: give size=(height, width)")
             size = (side, side)
@@ -305,9 +305,7 @@ def overlay_reference(scores, layout, size, palette=DEFAULT_PALETTE, threshold=0
     """numpy twin of overlay.wgsl: H x W x 4 uint8 class colours."""
     (n, h, w, c), _ = _geometry(np.shape(scores), layout, size, "scores")
     s = np.asarray(scores, np.float32)
-    if layout == "pixels":
-        s = s.reshape(n, h, w, c)
-    elif layout == "nhwc":
+    if layout == "pixels" or layout == "nhwc":
         s = s.reshape(n, h, w, c)
     else:
         s = s.reshape(n, c, h, w).transpose(0, 2, 3, 1)

@@ -175,6 +175,9 @@ def _b_cast_like(im, ins, at):
         to = helper.np_dtype_to_tensor_dtype(like.value.dtype)
     else:
         to = 1 if like.dtype == "f32" and like.id not in im.masks else _BOOL if like.dtype == "f32" else 6
+    src = im.env[ins[0]]
+    if isinstance(src, _Known) and src.kind == "const":  # a constant cast like a tensor stays known
+        return src.value.astype(helper.tensor_dtype_to_np_dtype(to))
     return _b_cast(im, ins, at, to)
 
 

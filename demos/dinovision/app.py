@@ -71,28 +71,56 @@ class DinoVision:
         self.loss_readback = self.session.readback("train_decoder", "loss", depth=4)
         self.steps = 0
         self.losses = []  # (step, loss) as they arrive
+        self._frame_count = 0
+        from collections import defaultdict
+
+        self._gpu_ms = defaultdict(list)
 
     # ------------------------------------------------------------------ per frame
-    def record_frame(self, encoder, t: float, train: bool = True) -> None:
-        """Render, infer, overlay, and (with `train`) one decoder step, into `encoder`."""
+    def record_frame(self, encoder, t: float, train: int = 1, timer=None) -> None:
+        """Render, infer, overlay, and `train` decoder steps on this frame, into `encoder`.
+        With `timer` (engine_bridge.timing.GpuTimer, begun for this frame) each pass is timed."""
+        def ts(label):
+            w = timer.writes(label) if timer is not None else None
+            return {"timestamp_writes": w} if w else {}
+
         for eye in range(self.cfg.eyes):
-            self.scene.render(encoder, t, eye)
+            self.scene.render(encoder, t, eye, **ts("render"))
         for inp in self.inputs:
-            inp.record(encoder)
-        self.session.record(encoder, "infer")
+            inp.record(encoder, ts("ml:input"))
+        self.session.record(encoder, "infer", pass_kwargs=ts("ml:infer"))
         for ov in self.overlays:
-            ov.record(encoder)
+            ov.record(encoder, ts("ml:overlay"))
         if train:
             self.labeler.record(encoder)
-            self.session.record(encoder, "train_decoder")
+            for _ in range(int(train)):
+                self.session.record(encoder, "train_decoder", pass_kwargs=ts("ml:train"))
+                self.steps += 1
             self.loss_readback.record(encoder)
-            self.steps += 1
+        self._frame_count += 1
 
-    def submitted(self) -> None:
+    def submitted(self, timer=None) -> None:
         self.loss_readback.submitted()
         got = self.loss_readback.poll()
         if got is not None:
             self.losses.append((self.steps, float(got[1])))
+        if timer is not None:
+            timer.submitted()
+            for label, _, ms in timer.poll():
+                kind = "render" if label == "render" else "ml"
+                self._gpu_ms[kind].append(ms)
+                self._gpu_ms[label].append(ms) if label.startswith("ml:") else None
+
+    def ml_times(self) -> dict:
+        """Median GPU milliseconds per pass kind, from timestamp queries (as they arrived)."""
+        return {k: float(np.median(v)) for k, v in self._gpu_ms.items() if v}
+
+    def save_decoder(self, path=None) -> Path:
+        """Write the decoder's weights (atomically: a crash keeps the previous file)."""
+        path = Path(path or self.decoder_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.session.save_weights(path, only=["decoder.*"])
+        return path
 
     def composite(self, encoder, target, eye: int = 0, viewport=None) -> None:
         self.overlays[eye].composite(encoder, target, background=self.colour[eye], viewport=viewport)

@@ -40,7 +40,8 @@ class DemoConfig:
     eyes: int = 1
     classes: int = 12  # class slots: the scene's classes plus room for taught ones
     decoder_hidden: int = 128
-    label_stride: int = 2  # labels (and the training loss) at 1/label_stride of the image
+    refine_channels: int = 24  # the pixel-level refinement convolutions
+    label_stride: int = 1  # labels (and the training loss) at 1/label_stride of the image
     lr: float = 2e-3
 
     @property
@@ -51,6 +52,27 @@ class DemoConfig:
     @property
     def label_shape(self) -> tuple:
         return self.height // self.label_stride, self.width // self.label_stride
+
+
+def _refine(b: Builder, logits: Tensor, pixels: Tensor, cfg: DemoConfig, weights: dict, rng) -> Tensor:
+    """Patch logits, upsampled, sharpened at the pixel level: two 3x3 convolutions over
+    [upsampled logits, image] add a correction that follows the image's edges (patches
+    alone cannot: at 64x64 with 8-pixel patches even perfect patch labels reach 0.56 mIoU)."""
+    c, r = cfg.classes, cfg.refine_channels
+    h, w = pixels.shape[2], pixels.shape[3]
+    up = b.resize(logits, size=(h, w), mode="linear", transform="pytorch_half_pixel")
+
+    def p(name, value):
+        return b.param(name, weights.get(name, value))
+
+    x = b.concat(up, pixels, axis=1)
+    fan = (c + 3) * 9
+    x = b.conv2d(x, p("decoder.refine1.weight", rng.uniform(-1, 1, (r, c + 3, 3, 3)) / np.sqrt(fan)),
+                 padding=(1, 1, 1, 1)) + b.reshape(p("decoder.refine1.bias", np.zeros(r)), (1, r, 1, 1))
+    x = b.relu(x)
+    x = b.conv2d(x, p("decoder.refine2.weight", np.zeros((c, r, 3, 3))), padding=(1, 1, 1, 1)) \
+        + b.reshape(p("decoder.refine2.bias", np.zeros(c)), (1, c, 1, 1))
+    return up + x
 
 
 def _decoder(b: Builder, feats: Tensor, cfg: DemoConfig, weights: dict, rng) -> Tensor:
@@ -86,9 +108,16 @@ def build_programs(cfg: DemoConfig, backbone_weights: dict | None = None, decode
     patches = b.slice(hidden, starts=(0, 1, 0), steps=(1, 1, 1), shape=(cfg.eyes, n, d))
     b.state("cache.features", (cfg.eyes, n, d))
     b.assign("cache.features", patches)
-    logits = _decoder(b, patches, cfg, decoder_weights or {}, np.random.default_rng(seed + 1))
-    b.g.outputs = {"logits": b.resize(logits, size=(cfg.height, cfg.width), mode="linear",
-                                      transform="pytorch_half_pixel").id}
+    lh, lw = cfg.label_shape
+    pixels = Tensor(b, b.g.inputs["pixel_values"])
+    small = pixels if cfg.label_stride == 1 else b.resize(pixels, size=(lh, lw), mode="linear",
+                                                           transform="pytorch_half_pixel")
+    b.state("cache.pixels", small.shape)
+    b.assign("cache.pixels", small)
+    rng = np.random.default_rng(seed + 1)
+    logits = _decoder(b, patches, cfg, decoder_weights or {}, rng)
+    logits = _refine(b, logits, pixels, cfg, decoder_weights or {}, rng)
+    b.g.outputs = {"logits": logits.id}
     infer = b.g
     # train_decoder
     t = Builder()
@@ -97,9 +126,13 @@ def build_programs(cfg: DemoConfig, backbone_weights: dict | None = None, decode
     del own
     snapshot = t.op("broadcast_to", cached, shape=cached.shape)  # copied first: inference may run meanwhile
     t.assign("train.features", snapshot)
-    lh, lw = cfg.label_shape
-    logits = _decoder(t, snapshot, cfg, decoder_weights or {}, np.random.default_rng(seed + 1))
-    logits = t.resize(logits, size=(lh, lw), mode="linear", transform="pytorch_half_pixel")
+    cached_px = t.state("cache.pixels", (cfg.eyes, 3, lh, lw))
+    t.state("train.pixels", (cfg.eyes, 3, lh, lw))
+    px = t.op("broadcast_to", cached_px, shape=cached_px.shape)
+    t.assign("train.pixels", px)
+    rng = np.random.default_rng(seed + 1)
+    logits = _decoder(t, snapshot, cfg, decoder_weights or {}, rng)
+    logits = _refine(t, logits, px, cfg, decoder_weights or {}, rng)
     rows = cfg.eyes * lh * lw
     flat = t.reshape(t.transpose(logits, (0, 2, 3, 1)), (rows, cfg.classes))
     labels = t.input("labels", (rows,), "i32")

@@ -451,7 +451,7 @@ class Scene:
         return u
 
     # -- rendering
-    def render(self, encoder, t: float, eye: int = 0):
+    def render(self, encoder, t: float, eye: int = 0, timestamp_writes=None):
         """Record the render pass for time t and eye into `encoder`; return (colour, id) textures."""
         if not 0 <= eye < len(self.targets):
             raise ValueError(f"eye {eye}: this scene has {len(self.targets)} eye(s) (stereo={self.stereo})")
@@ -464,7 +464,8 @@ class Scene:
             {"view": cview, "load_op": "clear", "store_op": "store", "clear_value": (0, 0, 0, 1)},
             {"view": iview, "load_op": "clear", "store_op": "store", "clear_value": (0, 0, 0, 0)}],
             depth_stencil_attachment={"view": dview, "depth_load_op": "clear", "depth_store_op": "discard",
-                                      "depth_clear_value": 1.0})
+                                      "depth_clear_value": 1.0},
+            **({"timestamp_writes": timestamp_writes} if timestamp_writes else {}))
         rp.set_bind_group(0, self._group, [slot * _FRAME_BYTES])
         rp.set_pipeline(self._sky_pipeline)
         rp.draw(3)

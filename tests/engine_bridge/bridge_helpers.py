@@ -4,7 +4,6 @@ import subprocess
 import sys
 
 import numpy as np
-
 from meganeura.compiler import Builder, compile_model
 from meganeura.runtime import Package
 
@@ -64,7 +63,30 @@ def upload_texture(device, image, format="rgba8unorm"):
 def run_example(name, *args, timeout=120):
     """Run examples/NAME with this interpreter; returns its stdout (fails on a non-zero exit)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run([sys.executable, os.path.join(root, "examples", name), *args], capture_output=True,
+    proc = subprocess.run([sys.executable, os.path.join(root, "examples", name), *args], check=False, capture_output=True,
                           text=True, timeout=timeout, cwd=root)
     assert proc.returncode == 0, f"{name} exited with {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
     return proc.stdout
+
+
+def handover_package():
+    """'infer': x -> frozen backbone -> features, cached in a state -> head -> logits;
+    'train_head': the cached features -> head -> cross-entropy -> AdamW on the head."""
+    from meganeura.compiler import TrainConfig
+    from meganeura.compiler.builder import Tensor
+    from meganeura.compiler.compile import compile_programs
+    from meganeura.compiler.training import attach_optimizer
+
+    rng = np.random.default_rng(0)
+    w_back, w_head = rng.standard_normal((6, 5)) * 0.5, rng.standard_normal((3, 6)) * 0.5
+    b = Builder()
+    feats = b.tanh(b.matmul(b.input("x", (4, 5)), b.param("backbone.weight", w_back, frozen=True), trans_b=True))
+    b.e.leaf("state", "cache.features", (4, 6))
+    b.g.assigns["cache.features"] = feats.id
+    b.output("logits", b.linear(feats, b.param("head.weight", w_head)))
+    t = Builder()
+    logits = t.linear(Tensor(t, t.e.leaf("state", "cache.features", (4, 6))), t.param("head.weight", w_head))
+    loss = t.cross_entropy(logits, t.input("labels", (4,), "i32"), t.input("mask", (4,)))
+    t.output("loss", loss)
+    train = attach_optimizer(t.g, loss.id, TrainConfig(optimizer="adamw", lr=0.05))
+    return Package.from_bytes(compile_programs({"infer": b.g, "train_head": train}))

@@ -9,17 +9,23 @@ import shutil
 import subprocess
 import time
 
-import numpy as np
 import pytest
-
 from meganeura.engine_bridge import vulkan_only
 
 vulkan_only()
-import pygfx  # noqa: E402,F401  (declares its device wishes at import)
+import pygfx  # noqa: F401  (declares its device wishes at import)
+from bridge_helpers import pixel_model
+from meganeura.compiler import TrainConfig, compile_model
+from meganeura.runtime import Package
 
-from bridge_helpers import pixel_model  # noqa: E402
-from meganeura.compiler import TrainConfig, compile_model  # noqa: E402
-from meganeura.runtime import Package  # noqa: E402
+
+def _die_with_parent():
+    """In the Xvfb child: get SIGTERM when the test process dies, even by a C-level exit()
+    (Xlib's error handler) that skips fixture teardown."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +41,7 @@ def display():
         n = next(n for n in range(99, 199) if not os.path.exists(f"/tmp/.X11-unix/X{n}")
                  and not os.path.exists(f"/tmp/.X{n}-lock"))
         proc = subprocess.Popen([exe, f":{n}", "-screen", "0", "1024x768x24", "-nolisten", "tcp"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         end = time.monotonic() + 10
         while not os.path.exists(f"/tmp/.X11-unix/X{n}"):
             if proc.poll() is not None or time.monotonic() > end:

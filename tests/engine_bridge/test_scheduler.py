@@ -5,8 +5,7 @@ import time
 
 import numpy as np
 import pytest
-
-from bridge_helpers import read_rgba8
+from bridge_helpers import handover_package, read_rgba8
 from meganeura.engine_bridge import FrameScheduler, PatternScene, TensorOverlay, TextureInput
 from meganeura.runtime import Session
 
@@ -48,7 +47,7 @@ def spread(device, seg_package, tmp_path_factory):
     sched.warm_up()
     scene = PatternScene(device, (64, 64))
     results, losses = [], []
-    while (sched.training or sched._step is not None) and sched.frame < 400:
+    while sched.train_active and sched.frame < 400:
         frame(sched, scene, sched.frame * 0.05)
         results.append(rb.poll())
         losses.append(loss.poll())
@@ -183,12 +182,12 @@ def test_no_cpu_copies_of_model_inputs_and_outputs_per_frame(device, seg_package
 
         monkeypatch.setattr(queue, name, counted)
     frames = 0
-    while sched.training or sched._step is not None or frames < 10:
+    while (sched.train_active or frames < 10) and frames < 400:
         frame(sched, scene)  # a static scene: the host uploads nothing either
         rb.poll()
         frames += 1
     monkeypatch.undo()
-    held = {id(b) for slot in sched._held for b in slot["buffers"].values()}
+    held = {id(b) for slot in sched._held for b in slot["buffers"].values()}  # the scheduler's own ring
     model_io = {id(session.buffers[feed.tensor["buffer"]]), id(overlay.source)}
     assert sched.steps_done == 2
     assert all(name == "write_buffer" and id(target) in held for _, name, target in calls), calls
@@ -204,7 +203,7 @@ def test_without_timestamp_queries_cpu_calibrated_estimates_drive_the_budget(dev
     sched.train(data)
     sched.warm_up()  # times every chunk on the CPU clock (submit, then wait) instead
     assert len(sched.costs.calibrated) == len(sched.chunks["infer"]) + len(sched.chunks["train_step"])
-    while sched.training or sched._step is not None:
+    while sched.train_active and sched.frame < 400:
         frame(sched)
     sched.close()
     frames = list(sched.stats)
@@ -217,3 +216,58 @@ def test_without_timestamp_queries_cpu_calibrated_estimates_drive_the_budget(dev
         one_go.run("train_step", b)
     for name, w in one_go.weights().items():
         np.testing.assert_allclose(session.weights()[name], w, rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_training_on_data_already_on_the_gpu(device, seg_package):
+    """Steps whose inputs come from the GPU: x from the scene texture (the same buffer that
+    inference reads), labels written by a GPU copy recorded before each step (`prepare`)."""
+    import wgpu
+
+    session = Session(device, seg_package)
+    scene = PatternScene(device, (64, 64))
+    feed = TextureInput(session, scene.texture, size=(H, W), mean=0.5, std=0.3)
+    sched = FrameScheduler(session, BUDGET_MS, chunk_dispatches=4, before=[feed])
+    labels = np.random.default_rng(3).integers(0, 4, H * W).astype(np.int32)
+    source = device.create_buffer_with_data(data=labels, usage=wgpu.BufferUsage.COPY_SRC)
+    target = session.buffers[session.tensors[session.package.programs["train_step"]["inputs"]["labels"]]["buffer"]]
+    sched.train(None, steps=3, prepare=lambda enc: enc.copy_buffer_to_buffer(source, 0, target, 0, labels.nbytes))
+    sched.warm_up()
+    frame(sched, scene, 0.7)  # the scene is drawn once; every frame's feed writes the same x
+    while sched.train_active and sched.frame < 400:
+        frame(sched, scene)
+    sched.close()
+    assert sched.steps_done == 3
+    x = feed.reference(read_rgba8(device, scene.texture))
+    one_go = Session(device, seg_package)
+    for _ in range(3):
+        one_go.run("train_step", {"x": x, "labels": labels})
+    for name, w in one_go.weights().items():
+        np.testing.assert_allclose(session.weights()[name], w, rtol=0, atol=1e-5, err_msg=name)
+
+
+def test_a_step_keeps_the_features_inference_handed_over_when_it_started(device):
+    """Inference caches features each frame (a state the training program reads); a step
+    spread over frames must train on the features of its first frame, not on later ones."""
+    package = handover_package()
+    session = Session(device, package)
+    sched = FrameScheduler(session, 50.0, train="train_head", chunk_dispatches=1, max_train_chunks=1)
+    rng = np.random.default_rng(4)
+    data = [{"labels": rng.integers(0, 3, 4), "mask": np.array([1, 1, 0, 1], np.float32)} for _ in range(3)]
+    sched.train(data)
+    xs = {}
+    while sched.train_active and sched.frame < 100:
+        xs[sched.frame + 1] = rng.standard_normal((4, 5)).astype(np.float32)
+        session.write_inputs("infer", {"x": xs[sched.frame + 1]})  # the test's own upload: new features each frame
+        frame(sched)
+    sched.close()
+    starts = {}
+    for f in sched.stats:
+        for p in f["passes"]:
+            if m := re.search(r"step (\d+)", p["label"]):
+                starts.setdefault(int(m.group(1)), f["frame"])
+    assert sched.steps_done == 3 and max(starts.values()) - min(starts.values()) >= 3  # steps spanned frames
+    one_go = Session(device, package)
+    for step, batch in enumerate(data):
+        one_go.run("infer", {"x": xs[starts[step]]})
+        one_go.run("train_head", batch)
+    np.testing.assert_allclose(session.weights()["head.weight"], one_go.weights()["head.weight"], rtol=0, atol=1e-6)

@@ -1,10 +1,8 @@
 """Texture -> tensor and tensor -> overlay kernels against their numpy twins, full tensors."""
 import numpy as np
 import pytest
-
 from bridge_helpers import identity_package, read_buffer, read_rgba8, upload_texture
-from meganeura.engine_bridge import (OffscreenHost, TensorOverlay, TextureInput, overlay_reference,
-                                     preprocess_reference)
+from meganeura.engine_bridge import OffscreenHost, TensorOverlay, TextureInput, overlay_reference, preprocess_reference
 from meganeura.runtime import Session
 
 
