@@ -339,4 +339,25 @@ def _matmul(sched: Schedule, k: Kernel) -> KernelCode:
     load_b = _batch_offset(batch_shape, b.shape, "off") + f"\n    return b[off + k * {sbk}u + n * {sbn}u];"
     store = f"    c[g * {m_ * n_}u + m * {n_}u + n] = v;"
     batches = int(np.prod(batch_shape, dtype=np.int64))
-    return igemm(bind, m_, n_, k_, batches, load_a, load_b, store, "matmul")
+    codes = igemm(bind, m_, n_, k_, batches, load_a, load_b, store, "matmul")
+    if sak == 1 and sbk == 1 and k_ % 4 == 0:  # both along K in memory: the CPU's dot-product kernel
+        first = codes[0] if isinstance(codes, list) else codes
+        decls = first.wgsl[first.wgsl.index("@group(0) @binding(0)"):]
+        decls = "\n".join(line for line in decls.splitlines()[:3])
+        decls = decls.replace("var<storage, read> a: array<f32>", "var<storage, read> a: array<vec4<f32>>")
+        decls = decls.replace("var<storage, read> b: array<f32>", "var<storage, read> b: array<vec4<f32>>")
+        split, ks = _split_of(first.wgsl)
+        st = store if split == 1 else f"    partial[((slice * {batches}u + g) * {m_}u + m) * {n_}u + n] = v;"
+        offsets = (_batch_offset(batch_shape, a.shape, "a_el") + "\n" + _batch_offset(batch_shape, b.shape, "b_el")
+                   + "\n    let a_off = a_el / 4u;\n    let b_off = b_el / 4u;")
+        wgsl = render("mm_dot_cpu", BINDINGS=decls, M=m_, N=n_, K=k_, SPLIT=split, KS=ks, STORE=st, OFFSETS=offsets)
+        first.variants = {"cpu": (wgsl, (8, 8, 1), (-(-n_ // 32), -(-m_ // 32), batches * split))}
+    return codes
+
+
+def _split_of(wgsl: str) -> tuple:
+    import re
+
+    split = int(re.search(r"const SPLIT: u32 = (\d+)u;", wgsl).group(1))
+    ks = int(re.search(r"const KS: u32 = (\d+)u;", wgsl).group(1))
+    return split, ks

@@ -25,7 +25,9 @@ _LIMIT_NAMES = {  # manifest name -> wgpu limit name
 
 
 class Session:
-    def __init__(self, device, package):
+    def __init__(self, device, package, device_class: str | None = None):
+        """`device_class` ("gpu" or "cpu") overrides which kernel variants run; by default
+        CPU rasterisers (lavapipe) get the CPU ones."""
         import wgpu
 
         if isinstance(package, (str, os.PathLike)):
@@ -45,7 +47,10 @@ class Session:
             if t["role"] in ("param", "state", "constant") and t["init"] == "blob":
                 self._write(t, pkg.weights[t["name"]])
         self._layouts = {}
-        self.device_class = "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu"
+        if device_class not in (None, "cpu", "gpu"):
+            raise ValueError(f"device_class {device_class!r}: use 'cpu' or 'gpu'")
+        self.device_class = device_class or (
+            "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu")
         chosen = [d.get("variants", {}).get(self.device_class, d) for p in m["programs"].values()
                   for d in p["dispatches"]]
         used = {c["kernel"] for c in chosen}
