@@ -32,6 +32,7 @@ def parse(argv=None):
     ap.add_argument("--decoder", default=str(Path.home() / ".cache" / "meganeura" / "dinovision_decoder.safetensors"),
                     help="where the fine-tuned decoder is saved on exit and restored from")
     ap.add_argument("--fresh", action="store_true", help="start from an untrained decoder")
+    ap.add_argument("--eval-points", type=int, default=6, help="held-out evaluations during a headless run")
     ap.add_argument("--budget-ms", type=float, default=None, help="ML budget per frame (window mode)")
     return ap.parse_args(argv)
 

@@ -53,10 +53,14 @@ def run_headless(args) -> dict:
     timer = GpuTimer(device) if "timestamp-query" in device.features else None
     frame_target = device.create_texture(size=(size * eyes, size, 1), format="rgba8unorm",
                                          usage=0x10 | 0x04 | 0x01)  # RENDER_ATTACHMENT | TEXTURE_BINDING | COPY_SRC
-    timings, curve = [], []
-    every = max(1, frames // 6)
+    timings, curve = [], [(0, before["miou"])]
+    points = getattr(args, "eval_points", 6)
+    every = max(1, frames // points) if points else frames + 1
     t0 = time.perf_counter()
-    for f in range(frames):
+    from tqdm import tqdm
+
+    bar = tqdm(range(frames), desc="frames", unit="frame", leave=False)
+    for f in bar:
         if f % LEVEL_FRAMES == 0:
             app.scene.reseed(args.seed + 1 + f // LEVEL_FRAMES)
         start = time.perf_counter()
@@ -73,15 +77,19 @@ def run_headless(args) -> dict:
         app.submitted(timer)
         cpu_ms = (time.perf_counter() - start) * 1e3
         timings.append({"frame": f, "cpu_ms": cpu_ms, "steps": app.steps})
+        if app.losses:
+            bar.set_postfix(steps=app.steps, loss=f"{app.losses[-1][1]:.3f}")
         if f % every == 0 or f == frames - 1:
             img = read_texture(device, frame_target)
             _save_png(out / f"frame_{f:04d}.png", img[..., :3])
+        if f % every == 0:
             ev = app.evaluate()
             curve.append((app.steps, ev["miou"]))
-            print(f"frame {f}: {app.steps} steps, loss {app.losses[-1][1] if app.losses else float('nan'):.3f}, "
+            bar.write(f"frame {f}: {app.steps} steps, loss {app.losses[-1][1] if app.losses else float('nan'):.3f}, "
                   f"held-out mIoU {ev['miou']:.3f}")
     total = time.perf_counter() - t0
     after = app.evaluate()
+    curve.append((app.steps, after["miou"]))
     print(f"mIoU on held-out frames after {app.steps} steps: {after['miou']:.3f}")
     ml = app.ml_times()
     metrics = {"miou_before": before["miou"], "miou_after": after["miou"], "steps": app.steps, "frames": frames,

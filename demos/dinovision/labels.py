@@ -77,6 +77,17 @@ class Labeler:
         lo, hi = base + rows[0] * self.width, base + (rows[-1] + 1) * self.width
         self.device.queue.write_buffer(self.brush, lo * 4, self.brush_cells[lo:hi].tobytes())
 
+    def paint_cells(self, eye: int, cells, cls: int) -> None:
+        """Label exactly `cells` (bool [label height, label width]) of `eye` as `cls` and
+        clear the eye's other brush cells: a whole stroke at once (tests, scripted users)."""
+        cells = np.asarray(cells, bool)
+        if cells.shape != (self.height, self.width):
+            raise ValueError(f"cells {cells.shape} != label grid {(self.height, self.width)}")
+        base = eye * self.height * self.width
+        view = self.brush_cells[base:base + self.height * self.width]
+        view[:] = np.where(cells.ravel(), cls, -1)
+        self.device.queue.write_buffer(self.brush, base * 4, view.tobytes())
+
     def clear_brush(self) -> None:
         self.brush_cells[:] = -1
         self.device.queue.write_buffer(self.brush, 0, self.brush_cells.tobytes())
