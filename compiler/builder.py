@@ -84,7 +84,7 @@ class Builder:
 
     def state(self, name: str, shape) -> Tensor:
         """A persistent tensor (zeros at load) that programs write with `assign` and read."""
-        existing = self.g.leaves("state").get(name)
+        existing = self.g.named.get(("state", name))
         if existing is not None:
             return Tensor(self, existing)
         return Tensor(self, self.e.leaf("state", name, shape))

@@ -265,7 +265,7 @@ def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, l
           label: str, names=("a", "b", "c")):
     """Implicit-GEMM kernel(s) from WGSL bodies of load_a(g, m, k), load_b(g, k, n) and
     store(g, m, n, v). Returns one KernelCode, or two with split-K (partials + sum)."""
-    big = m >= 512 and n >= 512
+    big = -(-m // 128) * -(-n // 128) * groups >= 256  # large tiles only when they still fill the GPU
     tile, bk = (128, 8) if big else (64, 16)
     split = split_factor(m, n, k, groups, tile)
     ks = -(-(-(-k // split)) // bk) * bk  # slice length, a multiple of the K step

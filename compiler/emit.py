@@ -42,7 +42,7 @@ class Emitter:
         return self.g.add(Node(op, dtype, tuple(int(d) for d in shape), tuple(inputs), at))
 
     def leaf(self, op: str, name: str, shape, dtype="f32", value=None) -> int:
-        if name in self.g.leaves(op):
+        if (op, name) in self.g.named:
             raise ValueError(f"{op} {name!r} declared twice")
         if value is not None:
             self.g.values[name] = np.asarray(value)
@@ -57,7 +57,7 @@ class Emitter:
         key = hashlib.sha1(value.tobytes() + str(value.shape).encode()).hexdigest()[:16]
         if name is None:
             name = f"constant.{dtype}.{key}"
-        existing = self.g.leaves("constant").get(name)
+        existing = self.g.named.get(("constant", name))
         if existing is not None:
             return existing
         return self.leaf("constant", name, value.shape, dtype, value)

@@ -54,12 +54,15 @@ class Graph:
     assigns: dict = field(default_factory=dict)  # param/state name -> node id
     values: dict = field(default_factory=dict)  # param/state/const-tensor name -> ndarray
     frozen: set = field(default_factory=set)  # parameter names that get no gradient
+    named: dict = field(default_factory=dict, repr=False)  # (leaf op, name) -> id, kept by add()
 
     def add(self, node: Node) -> int:
         for i in node.inputs:
             if not 0 <= i < len(self.nodes):
                 raise ValueError(f"node {node.op} refers to missing node {i}")
         self.nodes.append(node)
+        if node.op in ("input", "param", "state", "constant"):
+            self.named.setdefault((node.op, node.attr("name")), len(self.nodes) - 1)
         return len(self.nodes) - 1
 
     def leaves(self, op: str) -> dict:

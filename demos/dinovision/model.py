@@ -40,9 +40,9 @@ class DemoConfig:
     eyes: int = 1
     classes: int = 12  # class slots: the scene's classes plus room for taught ones
     decoder_hidden: int = 128
-    refine_channels: int = 24  # the pixel-level refinement convolutions
+    refine_channels: int = 32  # the pixel-level refinement convolutions
     label_stride: int = 1  # labels (and the training loss) at 1/label_stride of the image
-    lr: float = 2e-3
+    lr: float = 3e-3
 
     @property
     def grid(self) -> tuple:

@@ -8,14 +8,14 @@ import warnings
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-onnx = pytest.importorskip("onnx")
+import torch  # noqa: E402  (the test extra installs it)
+import onnx  # noqa: E402  (the test extra installs it)
 import torch.nn.functional as F
 from meganeura.compiler.interpret import run_graph
 from meganeura.compiler.onnx_import import load_onnx
 from torch import nn
 
-HAVE_ONNXSCRIPT = importlib.util.find_spec("onnxscript") is not None
+HAVE_ONNXSCRIPT = importlib.util.find_spec("onnxscript") is not None  # the test extra installs it
 BATCH = 5  # imported batch; exports trace with 3 rows and a dynamic first dimension
 
 
@@ -195,7 +195,6 @@ def test_load_from_path_and_dynamic_batch(tmp_path):
             np.testing.assert_allclose(got, w.numpy(), rtol=1e-12)
 
 
-@pytest.mark.skipif(not HAVE_ONNXSCRIPT, reason="the dynamo exporter needs onnxscript")
 def test_dynamo_linear_on_3d_input_keeps_weights_trainable():
     """Optimized, the dynamo exporter folds W.T into `val_N`; unoptimized, it keeps
     Transpose(W). Both import as matmul(trans_b) of the trainable "0.weight"."""

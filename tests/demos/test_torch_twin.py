@@ -1,0 +1,31 @@
+"""The PyTorch twin of the DinoVision model (bench/dinovision_torch.py, the benchmark's
+PyTorch side) computes what meganeura's package computes: same weights, same answer."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from dinovision_torch import load  # noqa: E402
+
+from meganeura.demos.dinovision.app import load_backbone  # noqa: E402
+from meganeura.demos.dinovision.model import DemoConfig, compile_demo  # noqa: E402
+from meganeura.runtime import Package, Session  # noqa: E402
+
+
+def test_the_torch_twin_matches_the_package(device):
+    cfg = DemoConfig(height=64, width=80, eyes=2)
+    weights = load_backbone()
+    session = Session(device, Package.from_bytes(compile_demo(cfg, weights, seed=3)))
+    rng = np.random.default_rng(1)  # random decoder weights (refine2 starts at zero otherwise)
+    session.set_weights({k: rng.standard_normal(v.shape).astype(np.float32) * 0.2
+                         for k, v in session.weights(only=["decoder.*"]).items()}, strict=False)
+    w = {**weights, **session.weights(only=["decoder.*"])}
+    twin = load(cfg, w, dtype=torch.float64)
+    x = np.random.default_rng(0).standard_normal((2, 3, 64, 80)).astype(np.float32)
+    ours = session.run("infer", {"pixel_values": x})["logits"]
+    with torch.no_grad():
+        ref = twin(torch.tensor(x, dtype=torch.float64)).numpy()
+    assert ours.shape == ref.shape == (2, cfg.classes, 64, 80)
+    assert np.abs(ours - ref).max() / np.abs(ref).max() < 1e-4
