@@ -4,6 +4,8 @@ check interpreter(before) == interpreter(after) on random inputs).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .emit import Emitter
 from .ir import Graph, Node, make_attrs
 from .ops import OPS
@@ -24,6 +26,8 @@ def prepare(graph: Graph) -> Graph:
             return low[1](e, node)
         if node.op in ("reduce_sum", "reduce_max") and not _adjacent(node, out.nodes[node.inputs[0]].shape):
             return _split_reduce(e, node, node.inputs[0])
+        if node.op in ("reduce_sum", "reduce_max") and _long_reduce(node, out.nodes[node.inputs[0]].shape):
+            return _two_stage_reduce(e, node, node.inputs[0])
         key = (node.op, node.dtype, node.shape, node.inputs, node.attrs)
         if node.op in ("input", "param", "state", "constant"):
             key = (node.op, node.attr("name"))
@@ -68,6 +72,41 @@ def prepare(graph: Graph) -> Graph:
 def _adjacent(n: Node, shape) -> bool:
     axes = sorted(a % len(shape) for a in n.attr("axes"))
     return bool(axes) and axes == list(range(axes[0], axes[0] + len(axes)))
+
+
+def _reduce_dims(n: Node, shape):
+    axes = sorted(a % len(shape) for a in n.attr("axes"))
+    outer = int(np.prod(shape[:axes[0]], dtype=np.int64))
+    red = int(np.prod(shape[axes[0]:axes[-1] + 1], dtype=np.int64))
+    inner = int(np.prod(shape[axes[-1] + 1:], dtype=np.int64))
+    return axes, outer, red, inner
+
+
+def _chunks(red: int) -> int:
+    """A divisor of `red` near its square root (0 when there is none worth using)."""
+    for s in sorted(range(32, int(red ** 0.5) * 2 + 1), key=lambda s: abs(s - red ** 0.5)):
+        if red % s == 0:
+            return s
+    return 0
+
+
+def _long_reduce(n: Node, shape) -> bool:
+    """Few outputs over a long axis: one workgroup would walk it alone."""
+    axes, outer, red, inner = _reduce_dims(n, shape)
+    return red >= 8192 and outer * inner <= 1024 and _chunks(red) > 0
+
+
+def _two_stage_reduce(e: Emitter, n: Node, x: int) -> int:
+    """Reduce [outer, S * T, inner] as [outer, S, T, inner] over T, then over S: S
+    workgroups share the long axis (a view: no copy)."""
+    shape = e.shape(x)
+    axes, outer, red, inner = _reduce_dims(n, shape)
+    s = _chunks(red)
+    view = e.reshape(x, shape[:axes[0]] + (s, red // s) + shape[axes[-1] + 1:])
+    k = axes[0]
+    y = e.op(n.op, view, axes=(k + 1,), keepdims=True)
+    y = e.op(n.op, y, axes=(k,), keepdims=True)
+    return e.reshape(y, n.shape)
 
 
 def _split_reduce(e: Emitter, n: Node, x: int) -> int:

@@ -28,7 +28,7 @@ def run_window(args, max_frames: int | None = None, screenshot: str | None = Non
     cfg = DemoConfig(backbone=backbone, height=size, width=size, eyes=eyes)
     app = DinoVision(device, cfg=cfg, backbone_weights=weights, decoder_path=None if args.fresh else args.decoder,
                      seed=args.seed)
-    hud = Hud(device, host.format, scale=2 if size * SCALE >= 400 else 1)
+    hud = Hud(device, host.format, scale=2 if size * SCALE * eyes >= 900 else 1)
     timer = GpuTimer(device) if "timestamp-query" in device.features else None
     budget = args.budget_ms if args.budget_ms is not None else 12.0
     selected, painting, training, frame, t_sim = 2, 0, True, 0, 0.0

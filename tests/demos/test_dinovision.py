@@ -65,3 +65,27 @@ def test_a_new_class_is_taught_by_brushing(trained, device):
     after = app.evaluate(classes=teach)["per_class"].get(f"class{new}", 0.0)
     assert app.steps == 200
     assert before < 0.1 and after >= 0.6, (before, after)
+
+
+def test_real_dinov2_weights_and_stereo_headless(tmp_path, device):
+    """--weights takes a transformers Dinov2Model checkpoint (here a tiny random one); a
+    stereo run infers both eyes as one batch and writes both into its frames."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Dinov2Config as HFConfig
+    from transformers import Dinov2Model
+
+    torch.manual_seed(0)
+    hf = Dinov2Model(HFConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=1, intermediate_size=256,
+                              patch_size=14, image_size=56))
+    save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(tmp_path / "dinov2.safetensors"))
+    args = parse(["--headless", "--frames", "3", "--size", "56", "--stereo", "--weights",
+                  str(tmp_path / "dinov2.safetensors"), "--out", str(tmp_path / "run"), "--eval-points", "0",
+                  "--fresh"])
+    metrics = run_headless(args)
+    assert metrics["eyes"] == 2 and metrics["steps"] == 6
+    from PIL import Image
+
+    frame = np.asarray(Image.open(sorted((tmp_path / "run").glob("frame_*.png"))[-1]))
+    assert frame.shape[:2] == (56, 112)  # both eyes side by side
+    assert np.abs(frame[:, :56].astype(int) - frame[:, 56:].astype(int)).mean() > 0.5  # the eyes differ
