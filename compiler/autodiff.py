@@ -53,7 +53,8 @@ def grad_via_decomposition(e, n, i: int, g: int) -> list:
     """The gradient rule of an op that lowers by decomposition: differentiate the
     decomposition itself. (The forward pieces it re-emits are merged with the forward
     pass's by common-subexpression elimination.)"""
-    decompose = OPS[n.op].lowering[1]
+    low = OPS[n.op].lowering  # ("decompose", fn), or a kernel that keeps one: ("kernel", name, fn)
+    decompose = low[1] if low[0] == "decompose" else low[2]
     start = len(e.g.nodes)
     out = decompose(e, n)
     if out < start:  # the decomposition returned an existing node (an identity)

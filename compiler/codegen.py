@@ -85,17 +85,19 @@ def generate(sched: Schedule, kernel: Kernel) -> KernelCode:
         return _elementwise(sched, kernel)
     from . import codegen_nn
 
-    kinds = {"matmul": _matmul, "reduce": _reduce, "softmax": _softmax, "conv": codegen_nn.conv,
+    kinds = {"matmul": _matmul, "reduce": _reduce, "softmax": _softmax, "norm": _norm, "conv": codegen_nn.conv,
              "pool": codegen_nn.pool, "gather": codegen_nn.gather}
     return kinds[kernel.kind](sched, kernel)
 
 
-def _elementwise(sched: Schedule, k: Kernel) -> KernelCode:
+def ew_code(sched: Schedule, members, roots, bind: "_Bindings", given: dict | None = None):
+    """WGSL lines computing elementwise `members` at flat index `idx` and storing `roots`.
+    `given` maps node ids to expressions already in scope (a matmul's accumulator `v`).
+    Returns (coordinate lines, body lines, whether the prelude's helpers are used)."""
     g = sched.graph
     nodes = g.nodes
-    bind = _Bindings(g, sched.storage)
-    total = nodes[k.roots[0]].size
-    coords, body, reads = {}, [], {}
+    given = given or {}
+    coords, body, reads, body_coords = {}, [], {}, []
     uses_prelude = False
 
     def coord(shape):
@@ -107,14 +109,14 @@ def _elementwise(sched: Schedule, k: Kernel) -> KernelCode:
                 body_coords.append(f"    let c{c}_{a} = (idx / {st}u) % {d}u;")
         return coords[shape]
 
-    body_coords = []
-
     def operand(m: int, p: int) -> str:
         j = nodes[m].inputs[p]
         b = base_of(g, j)
+        if b in given:
+            return given[b]
         if nodes[b].op == "const":
             return f32_literal(nodes[b].attr("value"))
-        if b in k.members:
+        if b in members:
             return f"v{b}"
         name = bind.use(b)
         if flat_read(g, m, p):
@@ -133,7 +135,7 @@ def _elementwise(sched: Schedule, k: Kernel) -> KernelCode:
             body.append(f"    let {reads[key]} = {expr};")
         return reads[key]
 
-    for m in sorted(k.members):
+    for m in sorted(members):
         n = nodes[m]
         low = OPS[n.op].lowering[1]
         at = dict(n.attrs)
@@ -145,14 +147,22 @@ def _elementwise(sched: Schedule, k: Kernel) -> KernelCode:
         expr = low.format(*[operand(m, p) for p in range(len(n.inputs))], **fmt)
         uses_prelude |= "mn_" in expr
         body.append(f"    let v{m}: {_wtype(n.dtype)} = {expr};")
-    for r in k.roots:
+    for r in roots:
         for key in reads:
             if bind.st(key[0]) == bind.st(r) and key[1] != "flat":
                 raise RuntimeError(f"kernel writes {r} in place while reading it at other indices")
         body.append(f"    {bind.use(r, write=True)}[idx] = v{r};")
+    return body_coords, body, uses_prelude
+
+
+def _elementwise(sched: Schedule, k: Kernel) -> KernelCode:
+    g = sched.graph
+    bind = _Bindings(g, sched.storage)
+    total = g.nodes[k.roots[0]].size
+    coords, body, uses_prelude = ew_code(sched, k.members, k.roots, bind)
     wgsl = render("elementwise", PRELUDE=template("prelude") if uses_prelude else "",
-                  BINDINGS=bind.decls(), TOTAL=total, COORDS="\n".join(body_coords), BODY="\n".join(body))
-    label = "+".join(sorted({nodes[m].op for m in k.members}))
+                  BINDINGS=bind.decls(), TOTAL=total, COORDS="\n".join(coords), BODY="\n".join(body))
+    label = "+".join(sorted({g.nodes[m].op for m in k.members}))
     return KernelCode(wgsl, (WG, 1, 1), bind.list(), grid(-(-total // WG)), label)
 
 
@@ -218,6 +228,33 @@ def _reduce(sched: Schedule, k: Kernel) -> KernelCode:
     return KernelCode(wgsl, (WG, 1, 1), bind.list(), grid(-(-outer * inner // WG)), n.op)
 
 
+def _norm(sched: Schedule, k: Kernel) -> KernelCode:
+    g = sched.graph
+    r = k.roots[0]
+    n = g.nodes[r]
+    k_dims = int(n.attr("normalized_ndim", 1))
+    d = int(np.prod(n.shape[len(n.shape) - k_dims:], dtype=np.int64))
+    rows = n.size // max(d, 1)
+    bind = _Bindings(g, sched.storage)
+    bind.use(base_of(g, n.inputs[0]), own=True)
+    names = ["src"]
+    for extra, name in zip(n.inputs[1:], ("w", "b")):
+        bind.use(base_of(g, extra), own=True)
+        names.append(name)
+    bind.use(r, write=True, own=True)
+    names.append("dst")
+    affine = "y"
+    col = f"(c % {d}u)"
+    if "w" in names:
+        affine = f"y * w[{col}]"
+    if "b" in names:
+        affine += f" + b[{col}]"
+    default_eps = 1e-5 if n.op == "layer_norm" else 1e-6
+    wgsl = render("norm", BINDINGS=bind.decls(names), ROWS=rows, D=d, EPS=f32_literal(n.attr("eps", default_eps)),
+                  CENTRE="true" if n.op == "layer_norm" else "false", AFFINE=affine)
+    return KernelCode(wgsl, (64, 1, 1), bind.list(), grid(rows), n.op)
+
+
 def _softmax(sched: Schedule, k: Kernel) -> KernelCode:
     g = sched.graph
     r = k.roots[0]
@@ -262,23 +299,24 @@ def split_factor(m: int, n: int, k: int, groups: int, tile: int) -> int:
 
 
 def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, load_b: str, store: str,
-          label: str, names=("a", "b", "c")):
+          label: str, names=("a", "b", "c"), prelude: str = ""):
     """Implicit-GEMM kernel(s) from WGSL bodies of load_a(g, m, k), load_b(g, k, n) and
-    store(g, m, n, v). Returns one KernelCode, or two with split-K (partials + sum)."""
+    store(g, m, n, v). Returns one KernelCode, or two with split-K (partials + sum).
+    Bindings from the third on belong to store() (the output, and an epilogue's inputs)."""
     big = -(-m // 128) * -(-n // 128) * groups >= 256  # large tiles only when they still fill the GPU
     tile, bk = (128, 8) if big else (64, 16)
     split = split_factor(m, n, k, groups, tile)
     ks = -(-(-(-k // split)) // bk) * bk  # slice length, a multiple of the K step
     split = -(-k // ks)
     common = dict(M=m, N=n, K=k, SPLIT=split, KS=ks, LOAD_A=load_a, LOAD_B=load_b)
+    all_decls = bind.decls(list(names)).splitlines()
     if split == 1:
-        decls, st = bind.decls(list(names)), store
+        decls, st = prelude + "\n".join(all_decls), store
         slots = bind.list()
     else:  # the GEMM kernel writes [slice, g, m, n] partials into a temp buffer
         temp = ("temp", next(_temp_ids))
         slots = bind.list()[:2] + [(temp, "read_write")]
-        decls = "\n".join(bind.decls(list(names)).splitlines()[:2]) + \
-            "\n@group(0) @binding(2) var<storage, read_write> partial: array<f32>;"
+        decls = "\n".join(all_decls[:2]) + "\n@group(0) @binding(2) var<storage, read_write> partial: array<f32>;"
         st = f"    partial[((slice * {groups}u + g) * {m}u + m) * {n}u + n] = v;"
     if big:
         wgsl = render("igemm128", BINDINGS=decls, STORE=st, ACC_DECL=ACC128, INNER_LOOP=INNER128,
@@ -286,6 +324,7 @@ def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, l
     else:
         wgsl = render("igemm", BINDINGS=decls, STORE=st, INNER_LOOP=INNER, **common)
     code = KernelCode(wgsl, (16, 16, 1), slots, (-(-n // tile), -(-m // tile), groups * split), label)
+    code.gemm_decls, code.gemm_store = decls, st  # for variants with other main loops
     # CPU rasterisers: same bindings and split, a barrier-free kernel with its own grid
     cpu = render("igemm_cpu", BINDINGS=decls, STORE=st, **common)
     code.variants = {"cpu": (cpu, (8, 8, 1), (-(-n // 32), -(-m // 32), groups * split))}
@@ -298,12 +337,12 @@ def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, l
         "    var v = 0.0;",
         f"    for (var s = 0u; s < {split}u; s++) {{ v += partial[s * {total}u + idx]; }}",
         store.replace("    ", "    ", 1)])
-    out_name = names[2]
-    out_slot = bind.list()[2]
-    decls2 = (f"@group(0) @binding(0) var<storage, read> partial: array<f32>;\n"
-              f"@group(0) @binding(1) var<storage, read_write> {out_name}: array<f32>;")
-    wgsl2 = render("map", BINDINGS=decls2, TOTAL=total, BODY=body)
-    reduce = KernelCode(wgsl2, (WG, 1, 1), [(temp, "read"), out_slot], grid(-(-total // WG)), label + "/splitk-sum")
+    # the sum kernel runs store(): it binds what store() reads and writes, after the partials
+    decls2 = "\n".join(["@group(0) @binding(0) var<storage, read> partial: array<f32>;"] + [
+        line.replace(f"@binding({i + 2})", f"@binding({i + 1})") for i, line in enumerate(all_decls[2:])])
+    wgsl2 = render("map", BINDINGS=prelude + decls2, TOTAL=total, BODY=body.replace("    let idx = g *", "    let _i = g *"))
+    reduce = KernelCode(wgsl2, (WG, 1, 1), [(temp, "read")] + bind.list()[2:], grid(-(-total // WG)),
+                        label + "/splitk-sum")
     return [code, reduce]
 
 
@@ -322,7 +361,7 @@ def _batch_offset(batch_shape, src_shape, var):
 
 def _matmul(sched: Schedule, k: Kernel) -> KernelCode:
     g = sched.graph
-    r = k.roots[0]
+    r = k.product if k.epilogue else k.roots[0]
     n = g.nodes[r]
     a, b = (g.nodes[i] for i in n.inputs)
     ta, tb = bool(n.attr("trans_a")), bool(n.attr("trans_b"))
@@ -334,20 +373,28 @@ def _matmul(sched: Schedule, k: Kernel) -> KernelCode:
     bind = _Bindings(g, sched.storage)
     bind.use(base_of(g, n.inputs[0]), own=True)
     bind.use(base_of(g, n.inputs[1]), own=True)
-    bind.use(r, write=True, own=True)
     load_a = _batch_offset(batch_shape, a.shape, "off") + f"\n    return a[off + m * {sam}u + k * {sak}u];"
     load_b = _batch_offset(batch_shape, b.shape, "off") + f"\n    return b[off + k * {sbk}u + n * {sbn}u];"
-    store = f"    c[g * {m_ * n_}u + m * {n_}u + n] = v;"
+    prelude, label = "", "matmul"
+    if k.epilogue:  # elementwise consumers computed in store(): the product never touches memory
+        coords, body, uses_prelude = ew_code(sched, k.epilogue, k.roots, bind, given={r: "v"})
+        store = "\n".join([f"    let idx = g * {m_ * n_}u + m * {n_}u + n;"] + coords + body)
+        names = ["a", "b"] + [f"t{i}" for i in range(2, len(bind.slots))]
+        prelude = template("prelude") + "\n" if uses_prelude else ""
+        label = "matmul+" + "+".join(sorted({g.nodes[e].op for e in k.epilogue}))
+    else:
+        bind.use(r, write=True, own=True)
+        store = f"    c[g * {m_ * n_}u + m * {n_}u + n] = v;"
+        names = ["a", "b", "c"]
     batches = int(np.prod(batch_shape, dtype=np.int64))
-    codes = igemm(bind, m_, n_, k_, batches, load_a, load_b, store, "matmul")
+    codes = igemm(bind, m_, n_, k_, batches, load_a, load_b, store, label, names, prelude)
     if sak == 1 and sbk == 1 and k_ % 4 == 0:  # both along K in memory: the CPU's dot-product kernel
         first = codes[0] if isinstance(codes, list) else codes
-        decls = first.wgsl[first.wgsl.index("@group(0) @binding(0)"):]
-        decls = "\n".join(line for line in decls.splitlines()[:3])
+        decls = first.gemm_decls
         decls = decls.replace("var<storage, read> a: array<f32>", "var<storage, read> a: array<vec4<f32>>")
         decls = decls.replace("var<storage, read> b: array<f32>", "var<storage, read> b: array<vec4<f32>>")
         split, ks = _split_of(first.wgsl)
-        st = store if split == 1 else f"    partial[((slice * {batches}u + g) * {m_}u + m) * {n_}u + n] = v;"
+        st = first.gemm_store
         offsets = (_batch_offset(batch_shape, a.shape, "a_el") + "\n" + _batch_offset(batch_shape, b.shape, "b_el")
                    + "\n    let a_off = a_el / 4u;\n    let b_off = b_el / 4u;")
         wgsl = render("mm_dot_cpu", BINDINGS=decls, M=m_, N=n_, K=k_, SPLIT=split, KS=ks, STORE=st, OFFSETS=offsets)

@@ -117,8 +117,9 @@ def _batch_norm_ref(xs, at):
     return y * w.reshape(shape) + b.reshape(shape)
 
 
-row("layer_norm", _same, _layer_norm_ref, _via, ("decompose", _d_layer_norm))
-row("rms_norm", _same, _rms_norm_ref, _via, ("decompose", _d_rms_norm))
+# one row kernel forward; the gradient differentiates the decomposition (third item)
+row("layer_norm", _same, _layer_norm_ref, _via, ("kernel", "norm", _d_layer_norm))
+row("rms_norm", _same, _rms_norm_ref, _via, ("kernel", "norm", _d_rms_norm))
 row("group_norm", _same, _group_norm_ref, _via, ("decompose", _d_group_norm))
 row("batch_norm", _same, _batch_norm_ref, _via, ("decompose", _d_batch_norm))
 

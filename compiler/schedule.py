@@ -36,6 +36,8 @@ class Kernel:
     roots: list  # node ids this kernel writes
     members: set = field(default_factory=set)  # all node ids computed here (elementwise)
     reads: set = field(default_factory=set)  # storage node ids read
+    epilogue: set = field(default_factory=set)  # matmul: elementwise nodes computed in its store
+    product: int | None = None  # matmul with an epilogue: the product node (never stored)
 
 
 @dataclass
@@ -138,6 +140,8 @@ def schedule(graph: Graph) -> Schedule:
                 if (anc_k[kk] >> target) & 1:
                     anc_k[kk] |= new
 
+    kernels, kernel_of = _fuse_epilogues(graph, kernels, users, live, pinned)
+
     # 3. storage: views share their base's buffer; assigns write into their target
     storage = {}
     leaves = {nodes[i].attr("name"): i for i, n in enumerate(nodes) if n.op in ("param", "state")}
@@ -158,6 +162,43 @@ def schedule(graph: Graph) -> Schedule:
             storage[i] = storage.get(base, base)
     order = _order(graph, kernels, kernel_of, inplace)
     return Schedule(graph, storage, [kernels[k] for k in order], inlined)
+
+
+def _fuse_epilogues(graph, kernels, users, live, pinned):
+    """A matmul whose product only feeds one elementwise kernel, element for element,
+    computes that kernel in its store instead (bias, activation, residual): one dispatch
+    and one tensor fewer."""
+    nodes = graph.nodes
+    owner = {r: k for k, ker in enumerate(kernels) for r in list(ker.roots) + list(ker.members)
+             if ker.kind == "elementwise"}
+    assigned = {base_of(graph, v) for v in graph.assigns.values()}
+    gone = set()
+    for k, ker in enumerate(kernels):
+        if ker.kind != "matmul" or len(ker.roots) != 1 or ker.epilogue:
+            continue
+        m = ker.roots[0]
+        if m in pinned:
+            continue
+        readers = _readers(graph, m, users, live)
+        consumers = {owner.get(u) for u, _ in readers}
+        if len(consumers) != 1 or None in consumers:
+            continue
+        e = consumers.pop()
+        ek = kernels[e]
+        if e in gone or ek.kind != "elementwise" or any(r in assigned for r in ek.roots):
+            continue
+        if not all(u in ek.members and flat_read(graph, u, p) for u, p in readers):
+            continue
+        if any(nodes[r].size != nodes[m].size for r in ek.roots):
+            continue
+        if len((ek.reads - {m}) | ker.reads) + len(ek.roots) + 2 > MAX_BINDINGS:
+            continue
+        ker.epilogue, ker.product = set(ek.members), m
+        ker.roots = list(ek.roots)
+        ker.reads = (ker.reads | ek.reads) - {m}
+        gone.add(e)
+    kept = [ker for i, ker in enumerate(kernels) if i not in gone]
+    return kept, {r: i for i, ker in enumerate(kept) for r in ker.roots}
 
 
 def _readers(graph, i, users, live):

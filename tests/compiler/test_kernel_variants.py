@@ -56,3 +56,26 @@ def test_conv_gradients_on_both_variants(device_class, device):
     (ty * torch.tensor(CT)).sum().backward()
     for k, ref in (("y", ty.detach().numpy()), ("gx", tx.grad.numpy()), ("gw", tw.grad.numpy())):
         assert np.abs(got[k] - ref).max() / np.abs(ref).max() < 1e-4, k
+
+
+@pytest.mark.parametrize("k", [48, 3000, 45])  # plain, split-K (sum kernel runs the epilogue), odd K
+@pytest.mark.parametrize("device_class", ["cpu", "gpu"])
+def test_matmul_epilogues(k, device_class, device):
+    """Bias, GELU and a residual computed in the matmul's store: same numbers as unfused."""
+    from meganeura.compiler import run_graph
+    from meganeura.compiler.prepare import prepare
+    from meganeura.compiler.schedule import schedule
+
+    rng = np.random.default_rng(k)
+    b = Builder()
+    x, res = b.input("x", (37, k)), b.input("res", (37, 50))
+    w, bias = b.param("w", rng.standard_normal((50, k)) / np.sqrt(k)), b.param("bias", rng.standard_normal(50))
+    y = b.gelu(b.linear(x, w, bias)) * 0.5 + res
+    b.output("y", y)
+    model = b.build()
+    fused = [kk for kk in schedule(prepare(model.graph)).kernels if kk.epilogue]
+    assert len(fused) == 1 and len(fused[0].epilogue) >= 4
+    vals = {"x": rng.standard_normal((37, k)), "res": rng.standard_normal((37, 50))}
+    got = Session(device, Package.from_bytes(compile_model(model)), device_class=device_class).run("infer", vals)["y"]
+    ref = run_graph(model.graph, vals)[0]["y"]
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
