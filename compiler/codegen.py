@@ -85,7 +85,8 @@ def generate(sched: Schedule, kernel: Kernel) -> KernelCode:
         return _elementwise(sched, kernel)
     from . import codegen_nn
 
-    kinds = {"matmul": _matmul, "reduce": _reduce, "softmax": _softmax, "norm": _norm, "conv": codegen_nn.conv,
+    kinds = {"matmul": _matmul, "reduce": _reduce, "softmax": _softmax, "norm": _norm,
+             "attention": codegen_nn.attention, "conv": codegen_nn.conv,
              "pool": codegen_nn.pool, "gather": codegen_nn.gather}
     return kinds[kernel.kind](sched, kernel)
 

@@ -204,3 +204,56 @@ def gather(sched: Schedule, k: Kernel) -> KernelCode:
                       f"        if (row < 0 || row >= {rows}) {{ continue; }}",
                       f"        {out}[u32(row) * {inner}u + idx] += {tg}[i * {inner}u + idx];", "    }"])
     return _map_kernel(bind, inner, body, "scatter_add")
+
+
+def attention(sched: Schedule, k: Kernel) -> KernelCode:
+    """Fused attention (see kernels/attention.wgsl); a CPU-rasteriser variant reads keys and
+    values straight from memory instead of staging them behind barriers."""
+    import math
+
+    from .codegen import f32_literal
+
+    g = sched.graph
+    r = k.roots[0]
+    n = g.nodes[r]
+    q, kk, v = (g.nodes[i] for i in n.inputs)
+    b, h, s, d = q.shape
+    hk, t = kk.shape[1], kk.shape[2]
+    dv4 = d // 4
+    scale = n.attr("scale")
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    bind = _Bindings(g, sched.storage)
+    for i in n.inputs:
+        bind.use(base_of(g, i), own=True)
+    bind.use(r, write=True, own=True)
+    decls = bind.decls(["q", "k", "v", "out"])
+    q_load = "\n".join(f"    let q{c} = vec4<f32>(q[q_base + {4 * c}u], q[q_base + {4 * c + 1}u], "
+                       f"q[q_base + {4 * c + 2}u], q[q_base + {4 * c + 3}u]);" for c in range(dv4))
+    acc = "\n".join(f"    var acc{c} = vec4<f32>(0.0);" for c in range(dv4))
+    store = "\n".join(f"        out[o + {4 * c}u] = acc{c}.x * inv; out[o + {4 * c + 1}u] = acc{c}.y * inv; "
+                      f"out[o + {4 * c + 2}u] = acc{c}.z * inv; out[o + {4 * c + 3}u] = acc{c}.w * inv;"
+                      for c in range(dv4))
+    common = dict(BINDINGS=decls, S=s, T=t, H=h, HK=hk, REP=h // hk, DV4=dv4, SCALE=f32_literal(scale),
+                  CAUSAL="true" if n.attr("causal") else "false", Q_LOAD=q_load, ACC_DECL=acc, STORE=store)
+
+    def body(shared: bool):
+        key = (lambda c: f"k_tile[jj * {dv4}u + {c}u]") if shared else (lambda c: f"kv4(true, kv_base, j, {c}u)")
+        val = (lambda c: f"v_tile[jj * {dv4}u + {c}u]") if shared else (lambda c: f"kv4(false, kv_base, j, {c}u)")
+        score = "            let s = (" + " + ".join(f"dot(q{c}, {key(c)})" for c in range(dv4)) + ") * SCALE;"
+        update = "\n".join(f"                acc{c} = acc{c} * corr + p * {val(c)};" for c in range(dv4))
+        stage = ""
+        if shared:
+            stage = "\n".join([
+                f"        for (var i = lid; i < TILE * {dv4}u; i = i + 64u) {{",
+                f"            let jj = i / {dv4}u;", f"            let c = i % {dv4}u;",
+                "            let jk = min(j0 + jj, T - 1u);",
+                "            k_tile[i] = kv4(true, kv_base, jk, c);", "            v_tile[i] = kv4(false, kv_base, jk, c);",
+                "        }", "        workgroupBarrier();"])
+        return dict(SCORE=score, ACC_UPDATE=update, STAGE=stage,
+                    STAGE_END="        workgroupBarrier();" if shared else "",
+                    SHARED="shared" if shared else "not shared", TILE_VEC4=32 * dv4 if shared else 1)
+
+    wgsl = render("attention", **common, **body(True))
+    code = KernelCode(wgsl, (64, 1, 1), bind.list(), (-(-s // 64), b * h, 1), "attention")
+    code.variants = {"cpu": (render("attention", **common, **body(False)), (64, 1, 1), (-(-s // 64), b * h, 1))}
+    return code

@@ -183,7 +183,9 @@ def _d_attention(e, n):
     return e.reshape(out, (b, hq, s, e.shape(v)[3]))
 
 
-row("attention", _attention_shape, _attention_ref, _via, ("decompose", _d_attention))
+# one fused kernel forward (prepare() decomposes the cases it does not cover); the gradient
+# differentiates the decomposition
+row("attention", _attention_shape, _attention_ref, _via, ("kernel", "attention", _d_attention))
 
 
 def _rope_shape(nodes, at):

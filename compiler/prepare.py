@@ -24,6 +24,8 @@ def prepare(graph: Graph) -> Graph:
         low = OPS[node.op].lowering
         if low[0] == "decompose":
             return low[1](e, node)
+        if node.op == "attention" and not _fused_attention_fits(node, out):
+            return low[2](e, node)
         if node.op in ("reduce_sum", "reduce_max") and not _adjacent(node, out.nodes[node.inputs[0]].shape):
             return _split_reduce(e, node, node.inputs[0])
         if node.op in ("reduce_sum", "reduce_max") and _long_reduce(node, out.nodes[node.inputs[0]].shape):
@@ -72,6 +74,14 @@ def prepare(graph: Graph) -> Graph:
 def _adjacent(n: Node, shape) -> bool:
     axes = sorted(a % len(shape) for a in n.attr("axes"))
     return bool(axes) and axes == list(range(axes[0], axes[0] + len(axes)))
+
+
+def _fused_attention_fits(n: Node, g: Graph) -> bool:
+    """The fused attention kernel covers: no extra mask, equal query and value head dims of
+    4k up to 256, and a causal mask only when every query sees at least one key."""
+    q, k, v = (g.nodes[i].shape for i in n.inputs[:3])
+    d = q[3]
+    return len(n.inputs) == 3 and d % 4 == 0 and d <= 256 and v[3] == d and not (n.attr("causal") and k[2] < q[2])
 
 
 def _reduce_dims(n: Node, shape):

@@ -1,0 +1,68 @@
+// Fused attention forward: softmax(q k^T * scale + causal mask) v for one query row per
+// thread, with an online softmax, so the [tokens x tokens] scores never exist in memory.
+// A workgroup's 64 query rows share each tile of 32 keys and values staged in workgroup
+// memory ({{SHARED}}: CPU rasterisers read them straight from memory instead).
+// q [B, H, S, D], k and v [B, HK, T, D] (grouped-query: query head h reads kv head h / REP),
+// out [B, H, S, D]; D = 4 * DV4.
+{{BINDINGS}}
+
+const S: u32 = {{S}}u;
+const T: u32 = {{T}}u;
+const H: u32 = {{H}}u;
+const HK: u32 = {{HK}}u;
+const REP: u32 = {{REP}}u;
+const DV4: u32 = {{DV4}}u;
+const SCALE: f32 = {{SCALE}};
+const CAUSAL: bool = {{CAUSAL}};
+const TILE: u32 = 32u;
+
+var<workgroup> k_tile: array<vec4<f32>, {{TILE_VEC4}}>;
+var<workgroup> v_tile: array<vec4<f32>, {{TILE_VEC4}}>;
+
+fn kv4(buf_is_k: bool, base: u32, j: u32, c: u32) -> vec4<f32> {
+    let o = base + (j * DV4 + c) * 4u;
+    if (buf_is_k) {
+        return vec4<f32>(k[o], k[o + 1u], k[o + 2u], k[o + 3u]);
+    }
+    return vec4<f32>(v[o], v[o + 1u], v[o + 2u], v[o + 3u]);
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let bh = wg.y;                      // batch * H + head
+    let b = bh / H;
+    let h = bh % H;
+    let row = wg.x * 64u + lid;
+    let live = row < S;
+    let qrow = min(row, S - 1u);
+    let q_base = ((bh * S) + qrow) * DV4 * 4u;
+    let kv_base = (b * HK + h / REP) * T * DV4 * 4u;
+{{Q_LOAD}}
+    var m = -3.4028235e38;
+    var l = 0.0;
+{{ACC_DECL}}
+    let last = select(T, min(T, qrow + (T - S) + 1u), CAUSAL);  // keys this row may see
+    let wg_last = select(T, min(T, min(wg.x * 64u + 63u, S - 1u) + (T - S) + 1u), CAUSAL);
+    for (var j0 = 0u; j0 < wg_last; j0 = j0 + TILE) {
+{{STAGE}}
+        let n = min(TILE, wg_last - j0);
+        for (var jj = 0u; jj < n; jj = jj + 1u) {
+            let j = j0 + jj;
+{{SCORE}}
+            if (j < last) {
+                let m2 = max(m, s);
+                let corr = exp(m - m2);
+                let p = exp(s - m2);
+                l = l * corr + p;
+                m = m2;
+{{ACC_UPDATE}}
+            }
+        }
+{{STAGE_END}}
+    }
+    if (live) {
+        let inv = 1.0 / l;
+        let o = ((bh * S) + row) * DV4 * 4u;
+{{STORE}}
+    }
+}
