@@ -3,7 +3,7 @@
 File layout (runtime/package.py reads it; docs/PACKAGE.md describes it):
   MAGIC (8 bytes) | u32 format version | u64 manifest length | manifest (msgpack)
   | u64 blob length | blob (safetensors: parameters and non-zero initial state)
-  | sha256 of everything before it (32 bytes)
+  | sha256 of everything before the blob (32 bytes; the manifest holds the blob's sha256)
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import struct
 
 import msgpack
 import numpy as np
-from safetensors.numpy import save as safetensors_save
 
 from .codegen import KernelCode, generate
 from .schedule import Schedule
@@ -149,7 +148,7 @@ class PackageBuilder:
                 "workgroups": list(code.workgroups)}
 
     def write(self, meta: dict) -> bytes:
-        blob = safetensors_save(self.blob) if self.blob else safetensors_save({})
+        blob_parts, blob_digest = _safetensors_parts(self.blob)
         persistent = sum(self.buffers[t["buffer"]] for t in self.tensors if t["role"] != "output")
         manifest = {
             "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "compiler_version": self.version,
@@ -159,15 +158,37 @@ class PackageBuilder:
                 "max_storage_buffer_binding_size": max(self.buffers, default=0),
                 "max_buffer_size": max(self.buffers, default=0)}},
             "buffers": self.buffers, "tensors": self.tensors, "kernels": self.kernels,
-            "programs": self.programs, "blob_sha256": hashlib.sha256(blob).hexdigest(),
+            "programs": self.programs, "blob_sha256": blob_digest,
             "memory": {"buffer_bytes": int(sum(self.buffers)), "persistent_bytes": int(persistent)},
             **meta,
         }
         man = msgpack.packb(manifest, use_bin_type=True)
-        head = MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(man)) + man + struct.pack("<Q", len(blob))
-        digest = hashlib.sha256(head)
-        digest.update(blob)  # one copy of the blob, not three (3.2 GB each for an SD-size U-Net)
-        return b"".join((head, blob, digest.digest()))
+        blob_len = sum(len(p) for p in blob_parts)
+        head = MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(man)) + man + struct.pack("<Q", blob_len)
+        # the trailing digest covers everything up to the blob; the manifest holds the blob's
+        # own sha256, so the weights are hashed once (3.2 GB for an SD-size U-Net)
+        return b"".join([head, *blob_parts, hashlib.sha256(head).digest()])
+
+
+def _safetensors_parts(tensors: dict):
+    """The safetensors encoding of `tensors` as a list of byte chunks (arrays as zero-copy
+    views) and its sha256: one pass over the weights instead of serialise, copy and hash."""
+    import json
+
+    header, offset, datas = {}, 0, []
+    for name in sorted(tensors):
+        arr = np.ascontiguousarray(tensors[name])
+        dt = {np.dtype(np.float32): "F32", np.dtype(np.int32): "I32"}[arr.dtype]
+        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+        datas.append(memoryview(arr.reshape(-1)).cast("B"))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    parts = [struct.pack("<Q", len(text)), text, *datas]
+    digest = hashlib.sha256()
+    for p in parts:
+        digest.update(p)
+    return parts, digest.hexdigest()
 
 
 def _base(g, i):

@@ -95,7 +95,7 @@ class Package:
         end = 20 + man_len + 8 + blob_len
         if end + 32 != len(data):
             _fail(f"truncated or damaged package: expected {end + 32} bytes, file has {len(data)}")
-        if hashlib.sha256(data[:end]).digest() != data[end:]:
+        if hashlib.sha256(data[:20 + man_len + 8]).digest() != data[end:]:
             _fail("damaged package: the checksum does not match the contents")
         try:
             manifest = msgpack.unpackb(data[20:20 + man_len], raw=False, strict_map_key=True)

@@ -39,8 +39,8 @@ def seal(manifest: dict, blob: bytes) -> bytes:
         if isinstance(k, dict) and isinstance(k.get("wgsl"), str):
             k["sha256"] = hashlib.sha256(k["wgsl"].encode()).hexdigest()
     man = msgpack.packb(manifest, use_bin_type=True)
-    body = MAGIC + struct.pack("<IQ", 1, len(man)) + man + struct.pack("<Q", len(blob)) + blob
-    return body + hashlib.sha256(body).digest()
+    head = MAGIC + struct.pack("<IQ", 1, len(man)) + man + struct.pack("<Q", len(blob))
+    return head + blob + hashlib.sha256(head).digest()  # the blob is covered by blob_sha256
 
 
 def test_good_package_loads_and_reseals(good):
