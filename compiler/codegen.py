@@ -309,7 +309,7 @@ def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, l
     split = split_factor(m, n, k, groups, tile)
     ks = -(-(-(-k // split)) // bk) * bk  # slice length, a multiple of the K step
     split = -(-k // ks)
-    common = dict(M=m, N=n, K=k, SPLIT=split, KS=ks, LOAD_A=load_a, LOAD_B=load_b)
+    contract = dict(M=m, N=n, K=k, SPLIT=split, KS=ks, LOAD_A=load_a, LOAD_B=load_b)
     all_decls = bind.decls(list(names)).splitlines()
     if split == 1:
         decls, st = prelude + "\n".join(all_decls), store
@@ -319,15 +319,15 @@ def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, l
         slots = bind.list()[:2] + [(temp, "read_write")]
         decls = "\n".join(all_decls[:2]) + "\n@group(0) @binding(2) var<storage, read_write> partial: array<f32>;"
         st = f"    partial[((slice * {groups}u + g) * {m}u + m) * {n}u + n] = v;"
+    common = render("igemm_common", BINDINGS=decls, STORE=st, **contract)
     if big:
-        wgsl = render("igemm128", BINDINGS=decls, STORE=st, ACC_DECL=ACC128, INNER_LOOP=INNER128,
-                      STORES=STORES128, **common)
+        wgsl = render("igemm128", COMMON=common, ACC_DECL=ACC128, INNER_LOOP=INNER128, STORES=STORES128)
     else:
-        wgsl = render("igemm", BINDINGS=decls, STORE=st, INNER_LOOP=INNER, **common)
+        wgsl = render("igemm", COMMON=common, INNER_LOOP=INNER)
     code = KernelCode(wgsl, (16, 16, 1), slots, (-(-n // tile), -(-m // tile), groups * split), label)
     code.gemm_decls, code.gemm_store = decls, st  # for variants with other main loops
     # CPU rasterisers: same bindings and split, a barrier-free kernel with its own grid
-    cpu = render("igemm_cpu", BINDINGS=decls, STORE=st, **common)
+    cpu = render("igemm_cpu", COMMON=common)
     code.variants = {"cpu": (cpu, (8, 8, 1), (-(-n // 32), -(-m // 32), groups * split))}
     if split == 1:
         return code

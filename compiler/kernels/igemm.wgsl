@@ -4,37 +4,9 @@
 // NVIDIA). The operands are never materialised: load_a / load_b compute where each
 // element lives (a strided matrix for matmul; an im2col window for convolutions), and
 // store writes each result (where epilogues go). Edges are guarded: any M, N, K works.
-{{BINDINGS}}
-
-const M: u32 = {{M}}u;
-const N: u32 = {{N}}u;
-const K: u32 = {{K}}u;
-const SPLIT: u32 = {{SPLIT}}u;  // K is cut into SPLIT slices of KS (split-K), summed by a second kernel
-const KS: u32 = {{KS}}u;
-
+{{COMMON}}
 var<workgroup> a_tile: array<vec4<f32>, 256>;  // [16 k][16 row groups of 4]
 var<workgroup> b_tile: array<vec4<f32>, 256>;  // [16 k][16 col groups of 4]
-
-fn load_a(g: u32, m: u32, k: u32) -> f32 {
-    if (m >= M || k >= K) {
-        return 0.0;
-    }
-{{LOAD_A}}
-}
-
-fn load_b(g: u32, k: u32, n: u32) -> f32 {
-    if (k >= K || n >= N) {
-        return 0.0;
-    }
-{{LOAD_B}}
-}
-
-fn store(g: u32, slice: u32, m: u32, n: u32, v: f32) {
-    if (m >= M || n >= N) {
-        return;
-    }
-{{STORE}}
-}
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
