@@ -9,7 +9,7 @@ Groups are the GEMM's batch dimension.
 """
 from __future__ import annotations
 
-from .codegen import WG, KernelCode, _Bindings, grid, igemm
+from .codegen import WG, KernelCode, _Bindings, _temp_ids, grid, igemm
 from .ops_nn import _conv_attrs, _pool_attrs
 from .schedule import Kernel, Schedule, base_of
 from .wgsl import render
@@ -226,14 +226,32 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
     for i in n.inputs:
         bind.use(base_of(g, i), own=True)
     bind.use(r, write=True, own=True)
-    decls = bind.decls(["q", "k", "v", "out"])
+    # few query blocks (one row per thread) cannot fill a GPU: split the keys across
+    # workgroups and merge the partial softmaxes after (flash-decoding)
+    blocks = -(-s // 64) * b * h
+    split = 1 if blocks >= 256 or t < 256 else max(1, min(16, -(-256 // blocks), t // 128))
+    kl = -(-(-(-t // split)) // 32) * 32
+    split = -(-t // kl)
+    width = 4 * dv4 + 2
+    if split == 1:
+        decls = bind.decls(["q", "k", "v", "out"])
+        store = "        let inv = 1.0 / l;\n        let o = ((bh * S) + row) * DV4 * 4u;\n" + "\n".join(
+            f"        out[o + {4 * c}u] = acc{c}.x * inv; out[o + {4 * c + 1}u] = acc{c}.y * inv; "
+            f"out[o + {4 * c + 2}u] = acc{c}.z * inv; out[o + {4 * c + 3}u] = acc{c}.w * inv;" for c in range(dv4))
+        slots = bind.list()
+    else:
+        temp = ("temp", next(_temp_ids))
+        decls = "\n".join(bind.decls(["q", "k", "v", "out"]).splitlines()[:3]) + \
+            "\n@group(0) @binding(3) var<storage, read_write> part: array<f32>;"
+        store = (f"        let o = ((split * {b * h}u + bh) * S + row) * {width}u;\n        part[o] = m;\n"
+                 "        part[o + 1u] = l;\n" + "\n".join(
+                     f"        part[o + {2 + 4 * c}u] = acc{c}.x; part[o + {3 + 4 * c}u] = acc{c}.y; "
+                     f"part[o + {4 + 4 * c}u] = acc{c}.z; part[o + {5 + 4 * c}u] = acc{c}.w;" for c in range(dv4)))
+        slots = bind.list()[:3] + [(temp, "read_write")]
     q_load = "\n".join(f"    let q{c} = vec4<f32>(q[q_base + {4 * c}u], q[q_base + {4 * c + 1}u], "
                        f"q[q_base + {4 * c + 2}u], q[q_base + {4 * c + 3}u]);" for c in range(dv4))
     acc = "\n".join(f"    var acc{c} = vec4<f32>(0.0);" for c in range(dv4))
-    store = "\n".join(f"        out[o + {4 * c}u] = acc{c}.x * inv; out[o + {4 * c + 1}u] = acc{c}.y * inv; "
-                      f"out[o + {4 * c + 2}u] = acc{c}.z * inv; out[o + {4 * c + 3}u] = acc{c}.w * inv;"
-                      for c in range(dv4))
-    common = dict(BINDINGS=decls, S=s, T=t, H=h, HK=hk, REP=h // hk, DV4=dv4, SCALE=f32_literal(scale),
+    common = dict(BINDINGS=decls, S=s, T=t, H=h, HK=hk, REP=h // hk, DV4=dv4, SCALE=f32_literal(scale), SPLIT=split, KL=kl,
                   CAUSAL="true" if n.attr("causal") else "false", Q_LOAD=q_load, ACC_DECL=acc, STORE=store)
 
     def body(shared: bool):
@@ -254,6 +272,28 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
                     SHARED="shared" if shared else "not shared", TILE_VEC4=32 * dv4 if shared else 1)
 
     wgsl = render("attention", **common, **body(True))
-    code = KernelCode(wgsl, (64, 1, 1), bind.list(), (-(-s // 64), b * h, 1), "attention")
-    code.variants = {"cpu": (render("attention", **common, **body(False)), (64, 1, 1), (-(-s // 64), b * h, 1))}
-    return code
+    groups = (-(-s // 64), b * h, split)
+    code = KernelCode(wgsl, (64, 1, 1), slots, groups, "attention")
+    code.variants = {"cpu": (render("attention", **common, **body(False)), (64, 1, 1), groups)}
+    if split == 1:
+        return code
+    code.temps = {temp: split * b * h * s * width * 4}
+    rows = b * h * s
+    merge = "\n".join([
+        f"    let bh = idx / {s}u;", f"    let row = idx % {s}u;", "    var mx = -3.4028235e38;",
+        f"    for (var p = 0u; p < {split}u; p++) {{ mx = max(mx, part[((p * {b * h}u + bh) * {s}u + row) * {width}u]); }}",
+        "    var l = 0.0;",
+        f"    for (var p = 0u; p < {split}u; p++) {{",
+        f"        let o = ((p * {b * h}u + bh) * {s}u + row) * {width}u;",
+        "        l += part[o + 1u] * exp(part[o] - mx);", "    }",
+        f"    for (var c = 0u; c < {d}u; c++) {{",
+        "        var acc = 0.0;",
+        f"        for (var p = 0u; p < {split}u; p++) {{",
+        f"            let o = ((p * {b * h}u + bh) * {s}u + row) * {width}u;",
+        "            acc += part[o + 2u + c] * exp(part[o] - mx);", "        }",
+        f"        out[idx * {d}u + c] = acc / l;", "    }"])
+    mdecls = ("@group(0) @binding(0) var<storage, read> part: array<f32>;\n"
+              "@group(0) @binding(1) var<storage, read_write> out: array<f32>;")
+    merged = KernelCode(render("map", BINDINGS=mdecls, TOTAL=rows, BODY=merge), (WG, 1, 1),
+                        [(temp, "read"), bind.list()[3]], grid(-(-rows // WG)), "attention/merge")
+    return [code, merged]

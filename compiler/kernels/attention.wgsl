@@ -15,6 +15,8 @@ const DV4: u32 = {{DV4}}u;
 const SCALE: f32 = {{SCALE}};
 const CAUSAL: bool = {{CAUSAL}};
 const TILE: u32 = 32u;
+const SPLIT: u32 = {{SPLIT}}u;  // keys cut into SPLIT ranges of KL, merged by a second kernel
+const KL: u32 = {{KL}}u;
 
 var<workgroup> k_tile: array<vec4<f32>, {{TILE_VEC4}}>;
 var<workgroup> v_tile: array<vec4<f32>, {{TILE_VEC4}}>;
@@ -30,6 +32,7 @@ fn kv4(buf_is_k: bool, base: u32, j: u32, c: u32) -> vec4<f32> {
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let bh = wg.y;                      // batch * H + head
+    let split = wg.z;
     let b = bh / H;
     let h = bh % H;
     let row = wg.x * 64u + lid;
@@ -43,9 +46,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 {{ACC_DECL}}
     let last = select(T, min(T, qrow + (T - S) + 1u), CAUSAL);  // keys this row may see
     let wg_last = select(T, min(T, min(wg.x * 64u + 63u, S - 1u) + (T - S) + 1u), CAUSAL);
-    for (var j0 = 0u; j0 < wg_last; j0 = j0 + TILE) {
+    let j_end = min(wg_last, (split + 1u) * KL);
+    for (var j0 = split * KL; j0 < j_end; j0 = j0 + TILE) {
 {{STAGE}}
-        let n = min(TILE, wg_last - j0);
+        let n = min(TILE, j_end - j0);
         for (var jj = 0u; jj < n; jj = jj + 1u) {
             let j = j0 + jj;
 {{SCORE}}
@@ -61,8 +65,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 {{STAGE_END}}
     }
     if (live) {
-        let inv = 1.0 / l;
-        let o = ((bh * S) + row) * DV4 * 4u;
 {{STORE}}
     }
 }
