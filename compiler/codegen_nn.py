@@ -279,21 +279,20 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
         return code
     code.temps = {temp: split * b * h * s * width * 4}
     rows = b * h * s
-    merge = "\n".join([
-        f"    let bh = idx / {s}u;", f"    let row = idx % {s}u;", "    var mx = -3.4028235e38;",
+    merge = "\n".join([  # a thread per output value: the merge must not starve the GPU either
+        f"    let c = idx % {d}u;", f"    let bh = (idx / {d}u) / {s}u;", f"    let row = (idx / {d}u) % {s}u;",
+        "    var mx = -3.4028235e38;",
         f"    for (var p = 0u; p < {split}u; p++) {{ mx = max(mx, part[((p * {b * h}u + bh) * {s}u + row) * {width}u]); }}",
         "    var l = 0.0;",
+        "    var acc = 0.0;",
         f"    for (var p = 0u; p < {split}u; p++) {{",
         f"        let o = ((p * {b * h}u + bh) * {s}u + row) * {width}u;",
-        "        l += part[o + 1u] * exp(part[o] - mx);", "    }",
-        f"    for (var c = 0u; c < {d}u; c++) {{",
-        "        var acc = 0.0;",
-        f"        for (var p = 0u; p < {split}u; p++) {{",
-        f"            let o = ((p * {b * h}u + bh) * {s}u + row) * {width}u;",
-        "            acc += part[o + 2u + c] * exp(part[o] - mx);", "        }",
-        f"        out[idx * {d}u + c] = acc / l;", "    }"])
+        "        let w = exp(part[o] - mx);",
+        "        l += part[o + 1u] * w;",
+        "        acc += part[o + 2u + c] * w;", "    }",
+        "    out[idx] = acc / l;"])
     mdecls = ("@group(0) @binding(0) var<storage, read> part: array<f32>;\n"
               "@group(0) @binding(1) var<storage, read_write> out: array<f32>;")
-    merged = KernelCode(render("map", BINDINGS=mdecls, TOTAL=rows, BODY=merge), (WG, 1, 1),
-                        [(temp, "read"), bind.list()[3]], grid(-(-rows // WG)), "attention/merge")
+    merged = KernelCode(render("map", BINDINGS=mdecls, TOTAL=rows * d, BODY=merge), (WG, 1, 1),
+                        [(temp, "read"), bind.list()[3]], grid(-(-rows * d // WG)), "attention/merge")
     return [code, merged]
