@@ -48,7 +48,6 @@ def time_program(session, program: str, inputs: dict, iters: int = 50, warmup: i
     timer = GpuTimer(dev)
     session.write_inputs(program, inputs)
     gpu, wall, encode = [], [], []
-    fence = dev.create_buffer(size=8, usage=__import__("wgpu").BufferUsage.MAP_READ | __import__("wgpu").BufferUsage.COPY_DST)
     for i in range(warmup + iters):
         t0 = time.perf_counter()
         enc = dev.create_command_encoder()
@@ -64,7 +63,6 @@ def time_program(session, program: str, inputs: dict, iters: int = 50, warmup: i
             wall.append(t3 - t0)
             encode.append(t2 - t1)
     n = session.dispatch_count(program)
-    del fence
     return {"gpu_ms": float(np.median(gpu)) * 1e3 if gpu[0] is not None else None,
             "wall_ms": float(np.median(wall)) * 1e3, "dispatches": n,
             "encode_us_per_dispatch": float(np.median(encode)) * 1e6 / max(n, 1)}
