@@ -54,8 +54,13 @@ def spread(device, seg_package, tmp_path_factory):
     for _ in range(3):  # after training: inference only
         frame(sched, scene)
     sched.close()
-    while (got := rb.poll()) is None or got[0] < rb.frame:
-        pass  # close() waited for the GPU; the newest result is mapped at once
+    # close() waited for the GPU: the newest recorded copy maps at once (a frame whose copy
+    # was skipped, every slot being busy, has none to wait for); bounded, never a hang
+    latest = max(s["frame"] for s in rb.slots)
+    got, deadline = None, time.monotonic() + 20
+    while time.monotonic() < deadline and (got is None or got[0] < latest):
+        got = rb.poll() or got
+    assert got is not None and got[0] == latest, (got and got[0], latest)
     one_go = Session(device, seg_package)
     one_go_losses = [float(one_go.run("train_step", b)["loss"]) for b in data]
     return {"sched": sched, "session": session, "one_go": one_go, "x0": x0, "last": got, "trace": trace,
