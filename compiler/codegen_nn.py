@@ -223,9 +223,18 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
     scale = n.attr("scale")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
     bind = _Bindings(g, sched.storage)
+    strides = []
     for i in n.inputs:
-        bind.use(base_of(g, i), own=True)
+        if i in sched.views:  # read through the transpose in front: [b, t, h, d] strides, permuted
+            st = _contiguous(g.nodes[g.nodes[i].inputs[0]].shape)
+            strides.append((st[0], st[2], st[1]))
+            bind.use(sched.views[i], own=True)
+        else:
+            st = _contiguous(g.nodes[i].shape)
+            strides.append((st[0], st[1], st[2]))
+            bind.use(base_of(g, i), own=True)
     bind.use(r, write=True, own=True)
+    (qsb, qsh, qst), (ksb, ksh, kst), (vsb, vsh, vst) = strides
     # few query blocks (one row per thread) cannot fill a GPU: split the keys across
     # workgroups and merge the partial softmaxes after (flash-decoding)
     blocks = -(-s // 64) * b * h
@@ -252,11 +261,12 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
                        f"q[q_base + {4 * c + 2}u], q[q_base + {4 * c + 3}u]);" for c in range(dv4))
     acc = "\n".join(f"    var acc{c} = vec4<f32>(0.0);" for c in range(dv4))
     common = dict(BINDINGS=decls, S=s, T=t, H=h, HK=hk, REP=h // hk, DV4=dv4, SCALE=f32_literal(scale), SPLIT=split, KL=kl,
+                  QSB=qsb, QSH=qsh, QST=qst, KSB=ksb, KSH=ksh, KST=kst, VSB=vsb, VSH=vsh, VST=vst,
                   CAUSAL="true" if n.attr("causal") else "false", Q_LOAD=q_load, ACC_DECL=acc, STORE=store)
 
     def body(shared: bool):
-        key = (lambda c: f"k_tile[jj * {dv4}u + {c}u]") if shared else (lambda c: f"kv4(true, kv_base, j, {c}u)")
-        val = (lambda c: f"v_tile[jj * {dv4}u + {c}u]") if shared else (lambda c: f"kv4(false, kv_base, j, {c}u)")
+        key = (lambda c: f"k_tile[jj * {dv4}u + {c}u]") if shared else (lambda c: f"k4(k_base, j, {c}u)")
+        val = (lambda c: f"v_tile[jj * {dv4}u + {c}u]") if shared else (lambda c: f"v4(v_base, j, {c}u)")
         score = "            let s = (" + " + ".join(f"dot(q{c}, {key(c)})" for c in range(dv4)) + ") * SCALE;"
         update = "\n".join(f"                acc{c} = acc{c} * corr + p * {val(c)};" for c in range(dv4))
         stage = ""
@@ -265,7 +275,7 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
                 f"        for (var i = lid; i < TILE * {dv4}u; i = i + 64u) {{",
                 f"            let jj = i / {dv4}u;", f"            let c = i % {dv4}u;",
                 "            let jk = min(j0 + jj, T - 1u);",
-                "            k_tile[i] = kv4(true, kv_base, jk, c);", "            v_tile[i] = kv4(false, kv_base, jk, c);",
+                "            k_tile[i] = k4(k_base, jk, c);", "            v_tile[i] = v4(v_base, jk, c);",
                 "        }", "        workgroupBarrier();"])
         return dict(SCORE=score, ACC_UPDATE=update, STAGE=stage,
                     STAGE_END="        workgroupBarrier();" if shared else "",
@@ -296,3 +306,11 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
     merged = KernelCode(render("map", BINDINGS=mdecls, TOTAL=rows * d, BODY=merge), (WG, 1, 1),
                         [(temp, "read"), bind.list()[3]], grid(-(-rows * d // WG)), "attention/merge")
     return [code, merged]
+
+
+def _contiguous(shape):
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return list(reversed(out))

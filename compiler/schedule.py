@@ -46,6 +46,7 @@ class Schedule:
     storage: dict  # node id -> node id owning its buffer (views, in-place assigns)
     kernels: list  # in execution order
     inlined: set
+    views: dict = field(default_factory=dict)  # head transposes read in place by attention -> their input
 
 
 def base_of(graph: Graph, i: int) -> int:
@@ -86,8 +87,18 @@ def schedule(graph: Graph) -> Schedule:
                 changed = True
 
     # 2. kernels
+    # attention reads its q, k, v through strides: a [b, t, h, d] -> [b, h, t, d] transpose
+    # feeding only attention needs no kernel of its own
+    views = {}
+    for i in sorted(live):
+        n = nodes[i]
+        if n.op == "transpose" and i not in pinned and i not in inlined and len(n.shape) == 4 \
+                and tuple(n.attr("perm")) == (0, 2, 1, 3):
+            readers = [(u, p) for u in users[i] if u in live for p, j in enumerate(nodes[u].inputs) if j == i]
+            if readers and all(nodes[u].op == "attention" and p < 3 for u, p in readers):
+                views[i] = base_of(graph, n.inputs[0])
     roots = [i for i in sorted(live) if nodes[i].op not in ("input", "param", "state", "constant", "const", "reshape")
-             and i not in inlined]
+             and i not in inlined and i not in views]
     kernel_of = {}
     kernels = []
     anc_k = []  # kernel index -> bitset of the kernels it depends on, transitively closed
@@ -99,7 +110,7 @@ def schedule(graph: Graph) -> Schedule:
     for r in roots:
         n = nodes[r]
         members = _members(graph, r, inlined) if is_elementwise(n.op) else {r}
-        ext = _external_reads(graph, members)
+        ext = {views.get(x, x) for x in _external_reads(graph, members)}
         target = None
         if is_elementwise(n.op):
             # join a kernel whose output we read, unless another input depends on that kernel
@@ -161,7 +172,7 @@ def schedule(graph: Graph) -> Schedule:
             base = base_of(graph, i)
             storage[i] = storage.get(base, base)
     order = _order(graph, kernels, kernel_of, inplace)
-    return Schedule(graph, storage, [kernels[k] for k in order], inlined)
+    return Schedule(graph, storage, [kernels[k] for k in order], inlined, views)
 
 
 def _fuse_epilogues(graph, kernels, users, live, pinned):

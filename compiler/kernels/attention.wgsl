@@ -21,11 +21,15 @@ const KL: u32 = {{KL}}u;
 var<workgroup> k_tile: array<vec4<f32>, {{TILE_VEC4}}>;
 var<workgroup> v_tile: array<vec4<f32>, {{TILE_VEC4}}>;
 
-fn kv4(buf_is_k: bool, base: u32, j: u32, c: u32) -> vec4<f32> {
-    let o = base + (j * DV4 + c) * 4u;
-    if (buf_is_k) {
-        return vec4<f32>(k[o], k[o + 1u], k[o + 2u], k[o + 3u]);
-    }
+// q, k and v are read through strides (batch, head, token; the head dim is contiguous), so
+// a [b, t, h, d] -> [b, h, t, d] transpose in front of attention costs no copy
+fn k4(base: u32, j: u32, c: u32) -> vec4<f32> {
+    let o = base + j * {{KST}}u + c * 4u;
+    return vec4<f32>(k[o], k[o + 1u], k[o + 2u], k[o + 3u]);
+}
+
+fn v4(base: u32, j: u32, c: u32) -> vec4<f32> {
+    let o = base + j * {{VST}}u + c * 4u;
     return vec4<f32>(v[o], v[o + 1u], v[o + 2u], v[o + 3u]);
 }
 
@@ -38,8 +42,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let row = wg.x * 64u + lid;
     let live = row < S;
     let qrow = min(row, S - 1u);
-    let q_base = ((bh * S) + qrow) * DV4 * 4u;
-    let kv_base = (b * HK + h / REP) * T * DV4 * 4u;
+    let q_base = b * {{QSB}}u + h * {{QSH}}u + qrow * {{QST}}u;
+    let k_base = b * {{KSB}}u + (h / REP) * {{KSH}}u;
+    let v_base = b * {{VSB}}u + (h / REP) * {{VSH}}u;
 {{Q_LOAD}}
     var m = -3.4028235e38;
     var l = 0.0;

@@ -129,3 +129,31 @@ def test_fused_attention_with_split_keys(causal, device_class, device):
     ref = torch.nn.functional.scaled_dot_product_attention(*(torch.tensor(vals[n]) for n in "qkv"),
                                                            attn_mask=mask).numpy()
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
+
+
+@pytest.mark.parametrize("device_class", ["cpu", "gpu"])
+def test_attention_reads_head_transposes_in_place(device_class, device):
+    """q, k, v made as [b, t, h, d] and transposed to [b, h, t, d] (as every transformer
+    builds them) are read through strides: no transpose kernels, the same answer."""
+    import torch
+
+    from meganeura.compiler.prepare import prepare
+    from meganeura.compiler.schedule import schedule
+
+    rng = np.random.default_rng(9)
+    b = Builder()
+    x = b.input("x", (2, 11, 24))
+    heads = [b.transpose(b.reshape(b.linear(x, b.param(f"{n}.weight", rng.standard_normal((24, 24)) * 0.3)),
+                                   (2, 11, 3, 8)), (0, 2, 1, 3)) for n in "qkv"]
+    b.output("o", b.attention(*heads, causal=True))
+    model = b.build()
+    kinds = [k.kind for k in schedule(prepare(model.graph)).kernels]
+    assert "elementwise" not in kinds and kinds.count("attention") == 1, kinds
+    X = rng.standard_normal((2, 11, 24))
+    got = Session(device, Package.from_bytes(compile_model(model)), device_class=device_class).run("infer", {"x": X})["o"]
+    tx = torch.tensor(X)
+    q, k, v = (torch.nn.functional.linear(tx, torch.tensor(model.graph.values[f"{n}.weight"], dtype=torch.float64))
+               .view(2, 11, 3, 8)
+               .transpose(1, 2) for n in "qkv")
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).numpy()
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
