@@ -91,6 +91,11 @@ def generate(sched: Schedule, kernel: Kernel) -> KernelCode:
     return kinds[kernel.kind](sched, kernel)
 
 
+def per_output(bindings: str, total: int, body: str, prelude: str = "") -> str:
+    """WGSL running `body` once per output index `idx` in [0, total)."""
+    return render("elementwise", PRELUDE=prelude, BINDINGS=bindings, TOTAL=total, COORDS="", BODY=body)
+
+
 def ew_code(sched: Schedule, members, roots, bind: "_Bindings", given: dict | None = None):
     """WGSL lines computing elementwise `members` at flat index `idx` and storing `roots`.
     `given` maps node ids to expressions already in scope (a matmul's accumulator `v`).
@@ -341,7 +346,7 @@ def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, l
     # the sum kernel runs store(): it binds what store() reads and writes, after the partials
     decls2 = "\n".join(["@group(0) @binding(0) var<storage, read> partial: array<f32>;"] + [
         line.replace(f"@binding({i + 2})", f"@binding({i + 1})") for i, line in enumerate(all_decls[2:])])
-    wgsl2 = render("map", BINDINGS=prelude + decls2, TOTAL=total, BODY=body.replace("    let idx = g *", "    let _i = g *"))
+    wgsl2 = per_output(decls2, total, body.replace("    let idx = g *", "    let _i = g *"), prelude)
     reduce = KernelCode(wgsl2, (WG, 1, 1), [(temp, "read")] + bind.list()[2:], grid(-(-total // WG)),
                         label + "/splitk-sum")
     return [code, reduce]

@@ -9,7 +9,7 @@ Groups are the GEMM's batch dimension.
 """
 from __future__ import annotations
 
-from .codegen import WG, KernelCode, _Bindings, _temp_ids, grid, igemm
+from .codegen import WG, KernelCode, _Bindings, _strides, _temp_ids, grid, igemm, per_output
 from .ops_nn import _conv_attrs, _pool_attrs
 from .schedule import Kernel, Schedule, base_of
 from .wgsl import render
@@ -94,7 +94,7 @@ def conv(sched: Schedule, k: Kernel) -> KernelCode:
 
 
 def _map_kernel(bind, total, body, label):
-    wgsl = render("map", BINDINGS=bind.decls(), TOTAL=total, BODY=body)
+    wgsl = per_output(bind.decls(), total, body)
     return KernelCode(wgsl, (WG, 1, 1), bind.list(), grid(-(-total // WG)), label)
 
 
@@ -226,11 +226,11 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
     strides = []
     for i in n.inputs:
         if i in sched.views:  # read through the transpose in front: [b, t, h, d] strides, permuted
-            st = _contiguous(g.nodes[g.nodes[i].inputs[0]].shape)
+            st = _strides(g.nodes[g.nodes[i].inputs[0]].shape)
             strides.append((st[0], st[2], st[1]))
             bind.use(sched.views[i], own=True)
         else:
-            st = _contiguous(g.nodes[i].shape)
+            st = _strides(g.nodes[i].shape)
             strides.append((st[0], st[1], st[2]))
             bind.use(base_of(g, i), own=True)
     bind.use(r, write=True, own=True)
@@ -303,14 +303,6 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
         "    out[idx] = acc / l;"])
     mdecls = ("@group(0) @binding(0) var<storage, read> part: array<f32>;\n"
               "@group(0) @binding(1) var<storage, read_write> out: array<f32>;")
-    merged = KernelCode(render("map", BINDINGS=mdecls, TOTAL=rows * d, BODY=merge), (WG, 1, 1),
+    merged = KernelCode(per_output(mdecls, rows * d, merge), (WG, 1, 1),
                         [(temp, "read"), bind.list()[3]], grid(-(-rows * d // WG)), "attention/merge")
     return [code, merged]
-
-
-def _contiguous(shape):
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return list(reversed(out))

@@ -14,7 +14,7 @@ import msgpack
 import numpy as np
 
 from .codegen import KernelCode, generate
-from .schedule import Schedule
+from .schedule import Schedule, base_of
 
 MAGIC = b"MNPK\r\n\x1a\n"
 FORMAT_NAME = "meganeura-package"
@@ -85,7 +85,7 @@ class PackageBuilder:
                 first.setdefault(s, k)
                 last[s] = k
         end = len(codes)
-        outs = {o: sched.storage.get(_base(g, i), _base(g, i)) for o, i in g.outputs.items()}
+        outs = {o: sched.storage.get(base_of(g, i), base_of(g, i)) for o, i in g.outputs.items()}
         for s in outs.values():
             if s not in buffer_of:
                 last[s] = end
@@ -190,8 +190,3 @@ def _safetensors_parts(tensors: dict):
         digest.update(p)
     return parts, digest.hexdigest()
 
-
-def _base(g, i):
-    while g.nodes[i].op == "reshape":
-        i = g.nodes[i].inputs[0]
-    return i

@@ -17,15 +17,9 @@ from collections import deque
 
 import numpy as np
 
+from meganeura.runtime.readback import settled
+
 FREE, COPIED, MAPPING = "free", "copied", "mapping"
-
-
-def settled(promise) -> bool:
-    """Has wgpu's poll thread completed this map_async promise? (as runtime/readback.py)"""
-    event = getattr(promise, "_thread_event", None)
-    if event is not None:
-        return event.is_set()
-    return getattr(promise, "_state", "pending") != "pending"
 
 
 class GpuTimer:

@@ -63,7 +63,7 @@ class Readback:
         """The newest finished result as (frame, ndarray), or None; never waits."""
         best = None
         for s in self.slots:
-            if s["state"] == MAPPING and _settled(s["promise"]):
+            if s["state"] == MAPPING and settled(s["promise"]):
                 s["promise"].sync_wait()  # already settled: returns at once, marks the buffer mapped
                 data = np.frombuffer(s["buffer"].read_mapped(0, s["buffer"].size, copy=True), self.dtype)
                 s["buffer"].unmap()
@@ -74,7 +74,7 @@ class Readback:
         return best
 
 
-def _settled(promise) -> bool:
+def settled(promise) -> bool:
     """Has wgpu's poll thread completed this promise? (wgpu-py 0.32 exposes no public flag;
     its map state only changes once the promise is resolved on our thread.)"""
     event = getattr(promise, "_thread_event", None)

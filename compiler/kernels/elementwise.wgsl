@@ -1,5 +1,6 @@
-// A fused chain of elementwise ops: one thread per output element.
-// Inputs are read through strides, so broadcasting and transposes need no copies.
+// One thread per output element, with a body the compiler writes: a fused chain of
+// elementwise ops (inputs read through strides, so broadcasting and transposes need no
+// copies), or a pooling window, a gather, the sum of split-K partials.
 {{PRELUDE}}
 {{BINDINGS}}
 
