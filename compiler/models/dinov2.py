@@ -7,10 +7,11 @@ layout (`attention.attention.query`, `attention.output.dense`, ...) load too.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
+from . import config_from
 from ..builder import Builder, Model
 
 
@@ -33,10 +34,7 @@ class Dinov2Config:
     @classmethod
     def of(cls, config) -> Dinov2Config:
         """From this dataclass, a dict, or a transformers `Dinov2Config` (attributes)."""
-        if isinstance(config, cls):
-            return config
-        get = config.get if isinstance(config, dict) else (lambda k, d: getattr(config, k, d))
-        return cls(**{f.name: get(f.name, f.default) for f in fields(cls)})
+        return config_from(cls, config)
 
 
 def dinov2_vits14_config() -> Dinov2Config:

@@ -7,10 +7,11 @@ Parameter names are those of `LlamaForCausalLM.state_dict()`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
+from . import config_from
 from ..builder import Builder, Model
 
 
@@ -37,9 +38,9 @@ class LlamaConfig:
         `rope_parameters` dict holds rope_theta in transformers 5)."""
         if isinstance(config, cls):
             return config
-        get = config.get if isinstance(config, dict) else (lambda k, d: getattr(config, k, d))
-        out = cls(**{f.name: get(f.name, f.default) for f in fields(cls)})
-        rope = get("rope_parameters", None) or {}
+        out = config_from(cls, config)
+        rope = (config.get("rope_parameters") if isinstance(config, dict)
+                else getattr(config, "rope_parameters", None)) or {}
         if rope.get("rope_type", "default") != "default":
             raise NotImplementedError(f"RoPE type {rope['rope_type']!r}")
         if "rope_theta" in rope:

@@ -9,10 +9,11 @@ Parameter names are those of `WhisperEncoder.state_dict()`; a state_dict of a wh
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
+from . import config_from
 from ..builder import Builder, Model
 
 
@@ -30,10 +31,7 @@ class WhisperEncoderConfig:
     @classmethod
     def of(cls, config) -> WhisperEncoderConfig:
         """From this dataclass, a dict, or a transformers `WhisperConfig` (attributes)."""
-        if isinstance(config, cls):
-            return config
-        get = config.get if isinstance(config, dict) else (lambda k, d: getattr(config, k, d))
-        return cls(**{f.name: get(f.name, f.default) for f in fields(cls)})
+        return config_from(cls, config)
 
 
 def whisper_tiny_encoder_config() -> WhisperEncoderConfig:
