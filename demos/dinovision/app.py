@@ -72,6 +72,7 @@ class DinoVision:
         self.steps = 0
         self.losses = []  # (step, loss) as they arrive
         self._frame_count = 0
+        self._eval_scene = None
         from collections import defaultdict
 
         self._gpu_ms = defaultdict(list)
@@ -130,7 +131,9 @@ class DinoVision:
         """mIoU on held-out frames (never trained on), at the demo's resolution."""
         frames = frames or heldout_frames(8)
         cfg = self.cfg
-        scene = Scene(self.device, cfg.width, cfg.height, seed=frames[0][0], stereo=cfg.eyes == 2)
+        if self._eval_scene is None:  # made once: its pipelines cost seconds on lavapipe
+            self._eval_scene = Scene(self.device, cfg.width, cfg.height, seed=frames[0][0], stereo=cfg.eyes == 2)
+        scene = self._eval_scene
         conf = np.zeros((cfg.classes, cfg.classes), np.int64)
         for seed, t in frames:
             if scene.seed != seed:

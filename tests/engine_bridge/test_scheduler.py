@@ -39,7 +39,8 @@ def spread(device, seg_package, tmp_path_factory):
     x0 = np.random.default_rng(9).random((H * W, 3), dtype=np.float32)
     session.write_inputs("infer", {"x": x0})  # once: the training chunks must not disturb it
     trace = tmp_path_factory.mktemp("trace") / "frames.json"
-    sched = FrameScheduler(session, BUDGET_MS, chunk_dispatches=2, trace=str(trace))
+    # at most 3 chunks a frame: a step always spans frames, however fast the machine is today
+    sched = FrameScheduler(session, BUDGET_MS, chunk_dispatches=2, trace=str(trace), max_train_chunks=3)
     rb = sched.readback("logits")
     loss = sched.readback("loss", program="train_step", depth=8)
     data = batches(6)
@@ -110,7 +111,7 @@ def test_spread_training_equals_training_in_one_go(spread):
         np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)
     # inference between the chunks kept its own input, and the last readback is the trained model's
     frame_no, logits = spread["last"]
-    assert frame_no == spread["sched"].frame
+    assert frame_no > spread["sched"].frame - 3  # from the inference-only frames after training
     assert rel(logits, spread["one_go"].run("infer", {"x": spread["x0"]})["logits"]) < 1e-5
     # the loss readback after each step's last chunk: the same losses as the one-go steps
     for step_frame, value in spread["losses"]:
