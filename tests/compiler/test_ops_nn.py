@@ -1,5 +1,7 @@
 """Neural-network ops, forward and backward, on full tensors: the GPU and the float64
 interpreter against torch CPU autograd. Odd sizes, strides, padding, groups, dilation."""
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -53,7 +55,8 @@ CASES = {
     "batch_norm": (lambda b, x, w, bb, rm, rv: b.batch_norm(x, w, bb, rm, rv, eps=1e-5, training=True), _bn,
                    [(4, 3, 5, 5), (3,), (3,), (3,), (3,)]),
     "silu": (lambda b, x: b.silu(x), F.silu, [(7, 13)]),
-    "softplus": (lambda b, x: b.softplus(x * 10), lambda x: F.softplus(x * 10), [(7, 13)]),
+    # torch linearises softplus above threshold=20 (off by 2e-9 there); compare the exact function
+    "softplus": (lambda b, x: b.softplus(x * 10), lambda x: F.softplus(x * 10, threshold=1e9), [(7, 13)]),
     "swiglu": (lambda b, x, y: b.swiglu(x, y), lambda x, y: F.silu(x) * y, [(7, 13), (7, 13)]),
     "where": (lambda b, c, x, y: b.where(b.step(c), x, y), lambda c, x, y: torch.where(c > 0, x, y),
               [(5, 6), (5, 1), (1, 6)]),
@@ -94,7 +97,8 @@ def rel(a, b):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_forward_and_backward_against_torch(name, run_on_gpu):
     build, tfn, shapes = CASES[name]
-    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    # crc32, not hash(): str hashes change per process, so failures would not reproduce
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
     b = Builder()
     ins = [b.input(f"in{i}", s) for i, s in enumerate(shapes)]
     out = build(b, *ins)
