@@ -387,6 +387,8 @@ row("log", _same, lambda xs, at: np.log(xs[0]), _g_log, (EW, "log({0})"))
 row("sqrt", _same, lambda xs, at: np.sqrt(xs[0]), _g_sqrt, (EW, "sqrt({0})"))
 row("relu", _same, lambda xs, at: np.maximum(xs[0], 0), _g_relu, (EW, "max({0}, 0.0)"))
 row("step", _same, lambda xs, at: (xs[0] > 0).astype(xs[0].dtype), None, (EW, "select(0.0, 1.0, {0} > 0.0)"))
+# 1 where x is NaN or +-infinity: tested on the bits, since WGSL lets compilers assume finite floats
+row("nonfinite", _same, lambda xs, at: (~np.isfinite(xs[0])).astype(xs[0].dtype), None, (EW, "mn_nonfinite({0})"))
 row("sigmoid", _same, lambda xs, at: 1 / (1 + np.exp(-xs[0])), _g_sigmoid, (EW, "mn_sigmoid({0})"))
 row("tanh", _same, lambda xs, at: np.tanh(xs[0]), _g_tanh, (EW, "mn_tanh({0})"))
 row("erf", _same, lambda xs, at: _erf_ref(xs[0]), _g_erf, (EW, "mn_erf({0})"))

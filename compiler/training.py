@@ -33,6 +33,7 @@ class TrainConfig:
     clip_norm: float | None = None  # clip the global gradient norm, as clip_grad_norm_
     freeze: list = field(default_factory=list)  # glob patterns of parameter names
     output: str | None = None  # which model output the loss reads; default: the only one
+    skip_nonfinite: bool = True  # a step with a NaN/inf loss or gradient changes nothing (counted)
 
 
 def frozen_names(graph: Graph, patterns) -> set:
@@ -83,6 +84,8 @@ def attach_optimizer(g: Graph, loss: int, cfg: TrainConfig) -> Graph:
         _sgd(e, trainable, grads, lr, cfg)
     else:
         _adamw(e, trainable, grads, lr, cfg)
+    if cfg.skip_nonfinite:
+        _reject_nonfinite(e, loss, grads)
     return g
 
 
@@ -134,6 +137,24 @@ def _clip(e, grads, max_norm):
     scale = e.op("div", e.const(max_norm), e.op("add", norm, e.const(1e-6)))
     scale = e.op("sub", e.const(1.0), e.op("relu", e.op("sub", e.const(1.0), scale)))
     return {k: e.op("mul", gid, scale) for k, gid in grads.items()}
+
+
+def _reject_nonfinite(e, loss, grads):
+    """Gate every assign on the loss and all gradients being finite, on the GPU: a bad
+    batch leaves weights, optimizer and norm statistics as they were, and counts itself
+    in the state "optimizer.skipped_steps"."""
+    counts = [e.op("nonfinite", loss)]
+    counts += [e.op("reduce_sum", e.op("nonfinite", gid), axes=tuple(range(len(e.shape(gid)))), keepdims=False)
+               for gid in grads.values()]
+    while len(counts) > 1:  # a balanced tree: few dependent kernels, each within the binding limit
+        counts = [e.op("add", a, b) for a, b in zip(counts[::2], counts[1::2])] + counts[len(counts) & ~1:]
+    ok = e.op("eq", counts[0], e.const(0.0))
+    g = e.g
+    for name, new in list(g.assigns.items()):
+        old = g.params[name] if name in g.params else g.named[("state", name)]
+        g.assigns[name] = e.op("where", ok, new, old)
+    skipped = e.leaf("state", "optimizer.skipped_steps", (), "f32")
+    g.assigns["optimizer.skipped_steps"] = e.op("add", skipped, e.op("sub", e.const(1.0), ok))
 
 
 def _sgd(e, params, grads, lr, cfg):

@@ -45,3 +45,14 @@ def _runtime_dir() -> str:
     path = f"/tmp/meganeura-xdg-{os.getuid()}" if hasattr(os, "getuid") else "."
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
+
+
+def fresh_device():
+    """A new device on the best adapter, with the features our kernels can use: what a
+    session is rebuilt on after its device was lost (a lost device never returns)."""
+    import wgpu
+
+    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    if adapter is None:
+        raise NoAdapterError("no GPU adapter found to rebuild the session on")
+    return adapter.request_device_sync(required_features=[f for f in PREFERRED_FEATURES if f in adapter.features])

@@ -252,9 +252,12 @@ def validate_manifest(m) -> None:
                 if kernels[kv]["access"] != kernels[k]["access"]:
                     _fail(f"{vw}: the variant kernel binds buffers differently")
                 _workgroups(v, vw)
-    _dict(_key(m, "memory", "manifest"), "memory")
+    mem = _dict(_key(m, "memory", "manifest"), "memory")
+    if _int(_key(mem, "buffer_bytes", "memory"), "memory.buffer_bytes") != sum(buffers):
+        _fail(f"memory.buffer_bytes {mem['buffer_bytes']} is not the sum of the buffer sizes {sum(buffers)}")
     req = _dict(_key(m, "requires", "manifest"), "requires")
-    _list(_key(req, "features", "requires"), "requires.features", 64)
+    for f in _list(_key(req, "features", "requires"), "requires.features", 64):
+        _str(f, "requires.features", 64)
     for k, v in _dict(_key(req, "limits", "requires"), "requires.limits").items():
         _str(k, "requires.limits", 128)
         _int(v, f"requires.limits[{k!r:.40}]")
@@ -264,6 +267,12 @@ def validate_manifest(m) -> None:
     train = m.get("training")
     if train is not None:
         _dict(train, "training")
+        for k in ("loss", "optimizer"):
+            _str(_key(train, k, "training"), f"training.{k}", 64)
+        if isinstance(_key(train, "lr", "training"), bool) or not isinstance(train["lr"], (int, float)):
+            _fail(f"training.lr: expected a number, got {type(train['lr']).__name__}")
+        for f in _list(_key(train, "frozen", "training"), "training.frozen"):
+            _str(f, "training.frozen", 512)
         if "train_step" not in programs:
             _fail("training: no 'train_step' program")
 

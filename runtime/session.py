@@ -8,13 +8,16 @@ its own command encoder, between its render passes.
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
+from contextlib import contextmanager
 
 import numpy as np
 
-from .device import default_device
+from .checkpoint import safetensors_bytes, write_atomic
+from .device import default_device, fresh_device
+from .errors import DeviceLostError, GPUOutOfMemoryError
 from .package import DTYPES, Package, PackageError
+
+SKIPPED = "optimizer.skipped_steps"  # state counter of training steps rejected for NaN/inf
 
 _LIMIT_NAMES = {  # manifest name -> wgpu limit name
     "max_storage_buffers_per_shader_stage": "max-storage-buffers-per-shader-stage",
@@ -25,9 +28,10 @@ _LIMIT_NAMES = {  # manifest name -> wgpu limit name
 
 
 class Session:
-    def __init__(self, device, package, device_class: str | None = None):
+    def __init__(self, device, package, device_class: str | None = None, memory_limit: int | None = None):
         """`device_class` ("gpu" or "cpu") overrides which kernel variants run; by default
-        CPU rasterisers (lavapipe) get the CPU ones."""
+        CPU rasterisers (lavapipe) get the CPU ones. `memory_limit` (bytes) refuses a
+        package whose buffers need more, before anything is allocated."""
         import wgpu
 
         if isinstance(package, (str, os.PathLike)):
@@ -37,18 +41,19 @@ class Session:
         self.package = pkg = package
         self.device = dev = device if device is not None else default_device()
         self._wgpu = wgpu
-        m = pkg.manifest
-        self._check_device(m["requires"])
-        self.tensors = m["tensors"]
-        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
-        self.buffers = [dev.create_buffer(size=size, usage=usage, label=f"mn{i}")
-                        for i, size in enumerate(m["buffers"])]
-        for t in self.tensors:
-            if t["role"] in ("param", "state", "constant") and t["init"] == "blob":
-                self._write(t, pkg.weights[t["name"]])
-        self._layouts = {}
+        self.lost = self.closed = False
+        self._device_class_arg, self.memory_limit = device_class, memory_limit
         if device_class not in (None, "cpu", "gpu"):
             raise ValueError(f"device_class {device_class!r}: use 'cpu' or 'gpu'")
+        m = pkg.manifest
+        self._check_device(m)  # every size against the device before any allocation
+        self.tensors = m["tensors"]
+        self.buffers = self._allocate(m["buffers"])
+        with self._gpu("uploading the weights"):
+            for t in self.tensors:
+                if t["role"] in ("param", "state", "constant") and t["init"] == "blob":
+                    self._write(t, pkg.weights[t["name"]])
+        self._layouts = {}
         self.device_class = device_class or (
             "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu")
         chosen = [d.get("variants", {}).get(self.device_class, d) for p in m["programs"].values()
@@ -67,6 +72,7 @@ class Session:
                 try:
                     group = dev.create_bind_group(layout=layout, entries=entries)
                 except wgpu.GPUValidationError as exc:
+                    self._raise_if_lost(exc, "loading the package")
                     raise PackageError(f"program {name} dispatch {j}: {exc}") from None
                 steps.append((pipeline, group, tuple(d["workgroups"])))
             self.programs[name] = steps
@@ -74,14 +80,105 @@ class Session:
         self._batch = (m.get("batch") or {}).get("size")
 
     # ---------------------------------------------------------------- loading
-    def _check_device(self, requires):
+    def _check_device(self, m):
+        """The package's declared needs, then what it actually asks for (a hostile package
+        may declare less than it uses), against this device's limits."""
+        requires = m["requires"]
         missing = [f for f in requires["features"] if f not in self.device.features]
         if missing:
             raise PackageError(f"this device lacks features the package needs: {missing}")
+        limits = self.device.limits
         for name, need in requires["limits"].items():
-            have = self.device.limits.get(_LIMIT_NAMES.get(name, name.replace("_", "-")))
+            have = limits.get(_LIMIT_NAMES.get(name, name.replace("_", "-")))
             if have is not None and need > have:
                 raise PackageError(f"the package needs {name} = {need}; this device allows {have}")
+        biggest = min(limits.get("max-buffer-size", 1 << 62), limits.get("max-storage-buffer-binding-size", 1 << 62))
+        for i, size in enumerate(m["buffers"]):
+            if size > biggest:
+                raise PackageError(f"buffer {i} needs {size} bytes; this device's largest storage buffer "
+                                   f"is {biggest} bytes")
+        total = sum(m["buffers"])
+        if self.memory_limit is not None and total > self.memory_limit:
+            raise GPUOutOfMemoryError(f"the package needs {total / 2**20:.1f} MiB of GPU memory; "
+                                      f"memory_limit allows {self.memory_limit / 2**20:.1f} MiB")
+        bindings = limits.get("max-storage-buffers-per-shader-stage", 8)
+        invocations = limits.get("max-compute-invocations-per-workgroup", 256)
+        sizes = [limits.get(f"max-compute-workgroup-size-{a}", 1 << 16) for a in "xyz"]
+        for i, k in enumerate(m["kernels"]):
+            if len(k["access"]) > bindings:
+                raise PackageError(f"kernel {i} binds {len(k['access'])} storage buffers; this device allows {bindings}")
+            ws = k["workgroup_size"]
+            if ws[0] * ws[1] * ws[2] > invocations or any(w > n for w, n in zip(ws, sizes)):
+                raise PackageError(f"kernel {i}: workgroup size {ws} exceeds this device's limits "
+                                   f"({invocations} invocations, {sizes})")
+        most = limits.get("max-compute-workgroups-per-dimension", 65535)
+        for name, p in m["programs"].items():
+            for j, d in enumerate(p["dispatches"]):
+                for v in [d, *d.get("variants", {}).values()]:
+                    if max(v["workgroups"]) > most:
+                        raise PackageError(f"program {name} dispatch {j}: {v['workgroups']} workgroups; "
+                                           f"this device allows {most} per dimension")
+
+    def _allocate(self, sizes):
+        wgpu = self._wgpu
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+        buffers = []
+        self.allocated_bytes = 0
+        for i, size in enumerate(sizes):
+            try:
+                buffers.append(self.device.create_buffer(size=size, usage=usage, label=f"mn{i}"))
+            except wgpu.GPUValidationError as exc:
+                buffers.clear()  # released, not destroyed: nothing was ever submitted with them
+                self._raise_if_lost(exc, "loading the package")
+                raise GPUOutOfMemoryError(
+                    f"the package needs {sum(sizes) / 2**20:.1f} MiB of GPU memory in {len(sizes)} buffers; "
+                    f"the device could not allocate buffer {i} ({size / 2**20:.1f} MiB): "
+                    f"{str(exc).strip().splitlines()[-1].strip()}") from None
+            self.allocated_bytes += size
+        return buffers
+
+    @contextmanager
+    def _gpu(self, what):
+        """Turn wgpu's "device is lost" validation errors into DeviceLostError."""
+        if self.closed:
+            raise RuntimeError(f"{what}: this session was closed")
+        if self.lost:
+            raise DeviceLostError(f"{what}: the GPU device was lost; make a new session with session.rebuild()")
+        try:
+            yield
+        except self._wgpu.GPUValidationError as exc:
+            self._raise_if_lost(exc, what)
+            raise
+
+    def _raise_if_lost(self, exc, what):
+        if "device is lost" in str(exc) or "Device lost" in str(exc):
+            self.lost = True
+            raise DeviceLostError(f"{what}: the GPU device was lost (driver reset, GPU removed or device "
+                                  "destroyed); make a new session with session.rebuild()") from None
+
+    def rebuild(self, device=None, weights=None, strict: bool = True) -> Session:
+        """This package in a new session, e.g. after DeviceLostError: on `device` (by default
+        a new device, since a lost one never comes back), with `weights` (a file written
+        by save_weights, or a name -> array dict) loaded over the package's own."""
+        s = Session(device if device is not None else fresh_device(), self.package,
+                    self._device_class_arg, self.memory_limit)
+        if isinstance(weights, dict):
+            s.set_weights(weights, strict)
+        elif weights is not None:
+            s.load_weights(weights, strict)
+        return s
+
+    def close(self) -> None:
+        """Let go of this session's GPU objects. They are released, never destroyed: wgpu
+        frees each one once no submitted (or still recorded) command buffer uses it."""
+        self.closed = True
+        self.buffers, self.programs, self.kernels, self._staging, self._layouts = [], {}, {}, {}, {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def _pipeline(self, i, k):
         wgpu = self._wgpu
@@ -109,23 +206,27 @@ class Session:
     def record(self, encoder, program: str, start: int = 0, stop: int | None = None, pass_kwargs=None):
         """Encode dispatches [start, stop) of `program` as one compute pass into `encoder`."""
         steps = self._steps(program)[start:stop]
-        cpass = encoder.begin_compute_pass(**(pass_kwargs or {}))
-        for pipeline, group, wg in steps:
-            cpass.set_pipeline(pipeline)
-            cpass.set_bind_group(0, group)
-            cpass.dispatch_workgroups(*wg)
-        cpass.end()
+        with self._gpu(f"recording {program}"):
+            cpass = encoder.begin_compute_pass(**(pass_kwargs or {}))
+            for pipeline, group, wg in steps:
+                cpass.set_pipeline(pipeline)
+                cpass.set_bind_group(0, group)
+                cpass.dispatch_workgroups(*wg)
+            cpass.end()
 
     def dispatch_count(self, program: str) -> int:
         return len(self._steps(program))
 
     def _steps(self, program):
+        if self.closed:
+            raise RuntimeError("this session was closed")
         if program not in self.programs:
             raise KeyError(f"no program {program!r} in this package; it has {sorted(self.programs)}")
         return self.programs[program]
 
-    def write_inputs(self, program: str, inputs: dict, rows: int | None = None):
-        """Upload inputs (after checking them) for the next run of `program`."""
+    def write_inputs(self, program: str, inputs: dict, rows: int | None = None, check_finite: bool = True):
+        """Upload inputs (after checking them) for the next run of `program`. Float inputs
+        holding NaN or infinity are refused unless `check_finite` is False."""
         p = self.package.programs[program]
         expected = {k: self.tensors[i] for k, i in p["inputs"].items()}
         mask = p.get("row_mask")
@@ -135,27 +236,30 @@ class Session:
             raise ValueError(f"{program}: unknown inputs {sorted(given - public)}; it takes {sorted(public)}")
         if public - given:
             raise ValueError(f"{program}: missing inputs {sorted(public - given)}; it takes {sorted(public)}")
-        for name, t in expected.items():
-            if name == mask:
-                n = t["shape"][0]
-                m = np.zeros(n, np.float32)
-                m[: (n if rows is None else rows)] = 1.0
-                self._write(t, m)
-                continue
-            self._write(t, _coerce(name, inputs[name], t))
+        arrays = {name: _coerce(name, inputs[name], t, check_finite) for name, t in expected.items() if name != mask}
+        with self._gpu(f"uploading the inputs of {program}"):
+            for name, t in expected.items():
+                if name == mask:
+                    n = t["shape"][0]
+                    m = np.zeros(n, np.float32)
+                    m[: (n if rows is None else rows)] = 1.0
+                    self._write(t, m)
+                else:
+                    self._write(t, arrays[name])
 
-    def run(self, program: str, inputs: dict) -> dict:
+    def run(self, program: str, inputs: dict, check_finite: bool = True) -> dict:
         """Run `program` on `inputs` (name -> array) and return its outputs (name -> array).
 
         A batch smaller than the compiled one is padded (and, for training, masked out
-        of the loss); a larger one is split into several runs of `infer`.
+        of the loss); a larger one is split into several runs of `infer`. A training step
+        whose loss or gradients are not finite changes nothing (see `skipped_steps`).
         """
         p = self.package.programs.get(program)
         if p is None:
             raise KeyError(f"no program {program!r} in this package; it has {sorted(self.programs)}")
         n = _rows(inputs)
         if self._batch is None or n is None or n == self._batch:
-            self.write_inputs(program, inputs)
+            self.write_inputs(program, inputs, check_finite=check_finite)
             return self._execute(program)
         b = self._batch
         if n > b and program != "infer":
@@ -164,12 +268,20 @@ class Session:
         outs = []
         for s in range(0, n, b):
             part = {k: _pad(v, s, b) for k, v in inputs.items()}
-            self.write_inputs(program, part, rows=min(b, n - s))
+            self.write_inputs(program, part, rows=min(b, n - s), check_finite=check_finite)
             outs.append(self._execute(program))
         return {k: np.concatenate([o[k] for o in outs])[:n] if np.ndim(outs[0][k]) else outs[0][k]
                 for k in outs[0]}
 
     def _execute(self, program):
+        with self._gpu(f"running {program}"):
+            out = self._submit_and_read(program)
+        if "loss" in out and not np.isfinite(out["loss"]).all() and self.package.tensor(SKIPPED, "state") is None:
+            raise FloatingPointError(f"{program}: the loss is {out['loss']} (not finite) and this package was "
+                                     "compiled without skip_nonfinite, so the weights took the step")
+        return out
+
+    def _submit_and_read(self, program):
         wgpu = self._wgpu
         p = self.package.programs[program]
         enc = self.device.create_command_encoder()
@@ -192,10 +304,14 @@ class Session:
             data = np.frombuffer(buf.read_mapped(0, -(-size // 8) * 8), dtype=DTYPES[t["dtype"]])
             out[name] = data[: int(np.prod(t["shape"], dtype=np.int64))].reshape(t["shape"]).copy()
             buf.unmap()
-        if "loss" in out and not np.isfinite(out["loss"]).all():
-            raise FloatingPointError(f"{program}: the loss is {out['loss']} (not finite); "
-                                     "check the inputs and the learning rate")
         return out
+
+    @property
+    def skipped_steps(self) -> int:
+        """Training steps rejected on the GPU because their loss or a gradient was NaN/inf."""
+        if self.package.tensor(SKIPPED, "state") is None:
+            return 0
+        return int(self.read_tensor(SKIPPED, "state"))
 
     def readback(self, program: str, output: str, depth: int = 3):
         """A non-blocking reader of one output (see runtime/readback.py)."""
@@ -208,7 +324,8 @@ class Session:
         t = self.package.tensor(name, role)
         if t is None:
             raise KeyError(f"no {role} named {name!r}")
-        data = self.device.queue.read_buffer(self.buffers[t["buffer"]], 0, self.buffers[t["buffer"]].size)
+        with self._gpu(f"reading {name}"):
+            data = self.device.queue.read_buffer(self.buffers[t["buffer"]], 0, self.buffers[t["buffer"]].size)
         count = int(np.prod(t["shape"], dtype=np.int64))
         return np.frombuffer(data, dtype=DTYPES[t["dtype"]])[:count].reshape(t["shape"]).copy()
 
@@ -220,7 +337,8 @@ class Session:
         v = np.asarray(value)
         if list(v.shape) != list(t["shape"]):
             raise ValueError(f"{role} {name!r} has shape {t['shape']}, got {list(v.shape)}")
-        self._write(t, v)
+        with self._gpu(f"writing {name}"):
+            self._write(t, v)
 
     def weights(self, only=None) -> dict:
         """Parameters by name; `only`: glob patterns selecting some (e.g. ["decoder.*"])."""
@@ -233,18 +351,14 @@ class Session:
 
     def save_weights(self, path, only=None) -> None:
         """Write the parameters (or those matching `only`) as safetensors, by the source
-        model's names, atomically: a crash while saving leaves the old file intact."""
-        from safetensors.numpy import save_file
-
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=path.name, suffix=".tmp")
-        os.close(fd)
-        try:
-            save_file(self.weights(only), tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        model's names, atomically (runtime/checkpoint.py): a crash while saving leaves the
+        old file or the new one, whole. Weights holding NaN/inf are refused, not saved
+        over a good file."""
+        weights = self.weights(only)
+        bad = [name for name, v in weights.items() if not np.isfinite(v).all()]
+        if bad:
+            raise ValueError(f"not saving {path}: weights {bad[:5]} hold NaN or infinity")
+        write_atomic(path, safetensors_bytes(weights))
 
     def load_weights(self, path, strict: bool = True) -> None:
         """Load parameters saved by save_weights (or any safetensors with these names)."""
@@ -271,8 +385,9 @@ class Session:
             if not np.isfinite(v).all():
                 raise ValueError(f"weight {name!r} holds NaN or infinity")
             checked[name] = (t, v)
-        for t, v in checked.values():  # all checked first: a bad file changes nothing
-            self._write(t, v)
+        with self._gpu("loading weights"):
+            for t, v in checked.values():  # all checked first: a bad file changes nothing
+                self._write(t, v)
 
 
 def _rows(inputs):
@@ -289,7 +404,7 @@ def _pad(v, start, b):
     return np.concatenate([part, pad])
 
 
-def _coerce(name, value, t):
+def _coerce(name, value, t, check_finite=True):
     arr = np.asarray(value)
     if list(arr.shape) != list(t["shape"]):
         raise ValueError(f"input {name!r} has shape {list(arr.shape)}; the model expects {t['shape']}")
@@ -301,4 +416,9 @@ def _coerce(name, value, t):
         return arr.astype(np.int32)
     if arr.dtype.kind not in "fiub":
         raise TypeError(f"input {name!r} holds {arr.dtype} values; it takes numbers")
-    return arr.astype(np.float32)
+    arr = arr.astype(np.float32)
+    if check_finite and not np.isfinite(arr).all():
+        bad = np.argwhere(~np.isfinite(arr))[0]
+        raise ValueError(f"input {name!r} holds NaN or infinity (first at index {tuple(int(i) for i in bad)}, "
+                         f"{arr[tuple(bad)]}); pass check_finite=False to allow it")
+    return arr

@@ -45,6 +45,6 @@ def run_on_gpu(device):
 
     def run(graph, inputs):
         session = Session(device, Package.from_bytes(compile_graph(graph)))
-        return session.run("infer", inputs)
+        return session.run("infer", inputs, check_finite=False)  # op tests feed NaN/inf on purpose
 
     return run

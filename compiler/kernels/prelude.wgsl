@@ -80,3 +80,8 @@ fn mn_softplus(x: f32) -> f32 {
     // PyTorch's threshold: past 20, softplus(x) is x to f32 precision
     return select(max(x, 0.0) + log(1.0 + exp(-abs(x))), x, x > 20.0);
 }
+
+fn mn_nonfinite(x: f32) -> f32 {
+    // exponent bits all ones: NaN or infinity (x != x may be folded away under fast math)
+    return select(0.0, 1.0, (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u);
+}

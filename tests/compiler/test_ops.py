@@ -623,6 +623,9 @@ _fwd("eq-i32-7-scalar", "eq", {"a": _r.integers(0, 4, (7,)).astype(np.int32), "b
      lambda b, t: b.eq(t["a"], t["b"]), lambda v: (v["a"] == v["b"]).astype(np.float32))
 _fwd("step-3x5x17", "step", {"a": with_values(normal(_rng("step"), (3, 5, 17)), [0.0, -0.0, 1e-30, -1e-30])},
      lambda b, t: b.step(t["a"]), lambda v: (v["a"] > 0).astype(np.float32))
+_fwd("nonfinite-4x9", "nonfinite",
+     {"a": with_values(normal(_rng("nonfinite"), (4, 9), 1e30), [np.nan, np.inf, -np.inf, 1.7e38, -0.0, 1e-45])},
+     lambda b, t: b.nonfinite(t["a"] * 2.0), lambda v: (~np.isfinite(v["a"] * 2.0)).astype(np.float32))
 _fwd("cast-f32-i32-7x13", "cast", {"a": with_values(normal(_rng("cast"), (7, 13), 5.0), [2.7, -2.7, 0.5, -0.5])},
      lambda b, t: b.cast(t["a"], to="i32"), lambda v: np.trunc(v["a"]).astype(np.int32))
 _fwd("cast-i32-f32-7x13", "cast", {"a": _rng("cast2").integers(-1000, 1000, (7, 13)).astype(np.int32)},

@@ -91,13 +91,6 @@ def test_bad_inputs_get_clear_errors(device, package):
         assert np.isfinite(session.run("train_step", {"x": x, "labels": np.arange(16).astype(dtype) % 7})["loss"])
 
 
-def test_nan_loss_is_reported(device, package):
-    session = Session(device, package)
-    x = np.full((16, 12), np.nan, np.float32)
-    with pytest.raises(FloatingPointError, match="not finite"):
-        session.run("train_step", {"x": x, "labels": np.zeros(16, np.int64)})
-
-
 def test_save_and_load_weights_by_source_names(device, package, tmp_path):
     from safetensors.numpy import load_file
 

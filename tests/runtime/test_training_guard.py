@@ -1,0 +1,101 @@
+"""A training step whose loss or gradients are not finite is rejected on the GPU:
+weights, optimizer state and norm statistics stay as they were, and a counter says so."""
+import numpy as np
+import pytest
+
+from meganeura.compiler import Builder, TrainConfig, compile_model, run_graph
+from meganeura.compiler.training import build_training_graph
+from meganeura.runtime import Package, Session
+
+
+def convnet(seed=0):
+    """Conv + batch norm (running statistics are state too) + a linear head."""
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    x = b.input("x", (4, 3, 6, 6))
+    h = b.conv2d(x, b.param("conv.weight", rng.standard_normal((5, 3, 3, 3)) * 0.3), stride=(1, 1),
+                 padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)
+    h = b.batch_norm(h, b.param("bn.weight", np.ones(5)), b.param("bn.bias", np.zeros(5)),
+                     b.param("bn.running_mean", np.zeros(5)), b.param("bn.running_var", np.ones(5)),
+                     eps=1e-5, momentum=0.1)
+    h = b.reshape(b.relu(h), (4, 180))
+    b.output("logits", b.linear(h, b.param("fc.weight", rng.standard_normal((3, 180)) * 0.1),
+                                b.param("fc.bias", np.zeros(3))))
+    return b.build()
+
+
+def everything(session):
+    """Every param and state tensor, read back from the GPU."""
+    return {(t["role"], t["name"]): session.read_tensor(t["name"], t["role"])
+            for t in session.tensors if t["role"] in ("param", "state")}
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_nan_batches_change_nothing_and_are_counted(device, optimizer):
+    model = convnet()
+    cfg = TrainConfig(optimizer=optimizer, lr=0.05)
+    session = Session(device, Package.from_bytes(compile_model(model, cfg)))
+    rng = np.random.default_rng(1)
+    batches = [(rng.standard_normal((4, 3, 6, 6)).astype(np.float32), rng.integers(0, 3, 4)) for _ in range(6)]
+    poisoned = {1: np.nan, 3: np.inf, 4: -np.inf}  # step -> value injected into one pixel
+    before_each, losses = [], []
+    for step, (x, y) in enumerate(batches):
+        if step in poisoned:
+            x = x.copy()
+            x[step % 4, 1, 2, 3] = poisoned[step]
+        before_each.append(everything(session))
+        losses.append(float(session.run("train_step", {"x": x, "labels": y}, check_finite=False)["loss"]))
+    after = everything(session)
+    assert session.skipped_steps == len(poisoned)
+    for step in poisoned:  # (the loss itself may stay finite: GPU max() drops a NaN in ReLU)
+        nxt = before_each[step + 1] if step + 1 < len(batches) else after
+        for key, value in before_each[step].items():
+            if key == ("state", "optimizer.skipped_steps"):
+                assert nxt[key] == value + 1
+            else:
+                np.testing.assert_array_equal(nxt[key], value, err_msg=f"step {step} changed {key}")
+    # the good steps equal the float64 interpreter running only the good batches
+    tg = build_training_graph(model.graph, cfg)
+    values = {}
+    for step, (x, y) in enumerate(batches):
+        if step in poisoned:
+            continue
+        ref, assigned = run_graph(tg, {"x": x, "labels": y, "__row_mask": np.ones(4)}, np.float64, values)
+        values.update(assigned)
+        assert abs(losses[step] - ref["loss"]) <= 1e-4 * abs(ref["loss"]), step
+    for name in model.params:
+        w = after[("param", name)]
+        assert np.abs(w - values[name]).max() <= 1e-4 * max(np.abs(values[name]).max(), 1e-6), name
+
+
+def test_a_gradient_that_overflows_is_rejected_even_when_the_loss_is_finite(device):
+    """sqrt'(0) is infinite: the loss is finite, one gradient is not."""
+    b = Builder()
+    x = b.input("x", (2, 3))
+    w = b.param("w", np.array([[1.0, 2.0, 0.0]]))
+    b.output("y", b.reshape(b.sum(b.sqrt(w) * x, axes=(1,), keepdims=True), (2, 1)))
+    session = Session(device, Package.from_bytes(compile_model(b.build(), TrainConfig(loss="mse", optimizer="sgd"))))
+    out = session.run("train_step", {"x": np.ones((2, 3)), "labels": np.zeros((2, 1))})
+    assert np.isfinite(out["loss"])
+    assert session.skipped_steps == 1
+    np.testing.assert_array_equal(session.weights()["w"], [[1.0, 2.0, 0.0]])
+
+
+def test_without_the_guard_a_nan_loss_raises(device):
+    b = Builder()
+    b.output("y", b.linear(b.input("x", (4, 3)), b.param("w", np.ones((2, 3))), b.param("c", np.zeros(2))))
+    pkg = Package.from_bytes(compile_model(b.build(), TrainConfig(loss="mse", skip_nonfinite=False)))
+    assert pkg.tensor("optimizer.skipped_steps", "state") is None
+    session = Session(device, pkg)
+    x = np.full((4, 3), np.nan, np.float32)
+    with pytest.raises(FloatingPointError, match="not finite"):
+        session.run("train_step", {"x": x, "labels": np.zeros((4, 2))}, check_finite=False)
+
+
+def test_nan_inputs_are_refused_by_name(device):
+    session = Session(device, Package.from_bytes(compile_model(convnet(), TrainConfig())))
+    x = np.zeros((4, 3, 6, 6), np.float32)
+    x[2, 0, 1, 5] = np.nan
+    with pytest.raises(ValueError, match=r"input 'x' holds NaN or infinity \(first at index \(2, 0, 1, 5\)"):
+        session.run("infer", {"x": x})
+    assert session.skipped_steps == 0
