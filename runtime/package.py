@@ -102,7 +102,12 @@ class Package:
         except Exception as exc:  # msgpack raises several types for bad bytes
             raise PackageError(f"damaged manifest: {type(exc).__name__}: {exc}") from None
         blob = data[20 + man_len + 8:end]
-        validate_manifest(manifest)
+        try:
+            validate_manifest(manifest)
+        except PackageError:
+            raise
+        except Exception as exc:  # a case the checks above missed: still the file's fault
+            raise PackageError(f"invalid manifest ({type(exc).__name__}: {exc})") from None
         if hashlib.sha256(blob).hexdigest() != manifest["blob_sha256"]:
             _fail("damaged weights: blob_sha256 does not match")
         weights = _load_weights(blob, manifest)
@@ -176,7 +181,7 @@ def validate_manifest(m) -> None:
         role = _key(t, "role", w)
         if role not in ROLES:
             _fail(f"{w}.role: {role!r:.40} is not one of {ROLES}")
-        if _key(t, "dtype", w) not in DTYPES:
+        if not isinstance(_key(t, "dtype", w), str) or t["dtype"] not in DTYPES:
             _fail(f"{w}.dtype: {t['dtype']!r:.40} is not one of {tuple(DTYPES)}")
         shape = _list(_key(t, "shape", w), f"{w}.shape", 8)
         for d in shape:
@@ -228,7 +233,7 @@ def validate_manifest(m) -> None:
                 if tensors[ti]["role"] != role or tensors[ti]["name"] != k:
                     _fail(f"{w}.{kind}[{k!r:.40}]: tensor {ti} is not the {role} {k!r:.40}")
         _int(_key(p, "scratch_peak_bytes", w), f"{w}.scratch_peak_bytes")
-        if "row_mask" in p and p["row_mask"] not in p["inputs"]:
+        if "row_mask" in p and (not isinstance(p["row_mask"], str) or p["row_mask"] not in p["inputs"]):
             _fail(f"{w}.row_mask names no input")
         for j, d in enumerate(_list(_key(p, "dispatches", w), f"{w}.dispatches", 1 << 20)):
             dw = f"{w}.dispatches[{j}]"
@@ -292,6 +297,9 @@ def _load_weights(blob: bytes, m: dict) -> dict:
         weights = st_load(blob) if blob else {}
     except Exception as exc:  # safetensors raises its own error types
         raise PackageError(f"damaged weights: {exc}") from None
+    named = {t["name"] for t in m["tensors"] if t["role"] != "output" and t["init"] == "blob"}
+    if set(weights) - named:
+        _fail(f"the weights hold tensors the manifest does not name: {sorted(set(weights) - named)[:5]}")
     for i, t in enumerate(m["tensors"]):
         if t["role"] == "output" or t["init"] != "blob":
             continue

@@ -2,6 +2,7 @@
 naming what is wrong, and never crash or hang the process."""
 import copy
 import hashlib
+import json
 import random
 import struct
 import time
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from meganeura.compiler import Builder, TrainConfig, compile_model
-from meganeura.runtime import Package, PackageError, Session
+from meganeura.runtime import GPUOutOfMemoryError, Package, PackageError, Session
 from meganeura.runtime.package import MAGIC
 
 
@@ -136,41 +137,302 @@ def _manifest_mutations(m: dict, rng: random.Random):
         yield f"manifest {choice}", mm
 
 
-def test_a_thousand_mutated_packages_raise_package_error(good):
-    rng = random.Random(1234)
-    m, blob = split(good)
-    cases = []
-    # damaged bytes: truncation, bit flips, appended junk (checksums and lengths catch these)
-    for _ in range(300):
-        n = rng.randrange(len(good))
-        cases.append(("truncated", good[:n]))
-    for _ in range(300):
+OTHER_TYPES = [None, True, False, 0, -1, 1 << 40, 2**63, 3.5, float("nan"), "", "x" * 9, b"\x00\xff",
+               [], [1, "a"], {}, {"a": 1}]
+
+
+def _paths(obj, prefix=()):
+    """Every path to a value inside the manifest (dict keys and list indices)."""
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, list):
+        items = enumerate(obj)
+    else:
+        return
+    for k, v in items:
+        yield prefix + (k,)
+        yield from _paths(v, prefix + (k,))
+
+
+def _set(obj, path, value):
+    for k in path[:-1]:
+        obj = obj[k]
+    obj[path[-1]] = value
+
+
+def _get(obj, path):
+    for k in path:
+        obj = obj[k]
+    return obj
+
+
+def _type_confusion(m: dict, rng: random.Random, count: int):
+    """msgpack type confusion: one value anywhere in the manifest gets another type."""
+    paths = list(_paths(m))
+    for _ in range(count):
+        path = rng.choice(paths)
+        old = _get(m, path)
+        value = rng.choice([v for v in OTHER_TYPES if type(v) is not type(old)])
+        mm = copy.deepcopy(m)
+        _set(mm, path, value)
+        yield f"type confusion at {'.'.join(map(str, path))}", mm
+
+
+# what the runtime reads from a manifest; other fields (source, timings) are metadata
+SEMANTIC = ("buffers", "tensors", "kernels", "programs", "requires", "batch", "training", "memory")
+
+
+def _damaged_bytes(good: bytes, rng: random.Random):
+    for _ in range(2500):
+        yield "truncated", good[:rng.randrange(len(good))]
+    for _ in range(2500):
         data = bytearray(good)
         for _ in range(rng.randrange(1, 4)):
             data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
-        cases.append(("bit flip", bytes(data)))
-    cases.append(("appended", good + b"\0"))
-    cases.append(("empty", b""))
-    cases.append(("not msgpack", seal({}, b"")[:20] + b"\xc1" * 10))
-    # well-sealed files whose manifest breaks the rules: only the validator stands in the way
-    while len(cases) < 1100:
-        for what, mm in _manifest_mutations(m, rng):
-            cases.append((what, seal(mm, blob)))
-    # weights that do not match the manifest
-    wrong = m | {"blob_sha256": hashlib.sha256(b"junk").hexdigest()}
-    cases.append(("bad blob", seal(wrong, b"junk")))
-    assert len(cases) >= 1000
+        yield "bit flip", bytes(data)
+    for n in (1, 7, 4096):
+        yield "appended", good + b"\0" * n
+    yield "empty", b""
+    yield "not msgpack", seal({}, b"")[:20] + b"\xc1" * 10
+    head = bytearray(good)
+    struct.pack_into("<Q", head, 12, (1 << 64) - 1)  # huge declared manifest length
+    yield "huge manifest length", bytes(head)
+
+
+def _safetensors_header(blob: bytes):
+    n = struct.unpack_from("<Q", blob, 0)[0]
+    return json.loads(blob[8:8 + n]), blob[8 + n:]
+
+
+def _safetensors(header: dict, data: bytes) -> bytes:
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def _bad_weights(m: dict, blob: bytes, rng: random.Random):
+    """Safetensors blobs that disagree with the manifest or with themselves (re-hashed, so
+    only the validation of the weights stands in the way)."""
+    header, data = _safetensors_header(blob)
+    names = [k for k in header if k != "__metadata__"]
+    for _ in range(300):
+        h = copy.deepcopy(header)
+        d = data
+        name = rng.choice(names)
+        choice = rng.randrange(8)
+        if choice == 0:  # overlapping offsets
+            other = rng.choice([k for k in names if k != name] or names)
+            h[name]["data_offsets"] = list(h[other]["data_offsets"])
+        elif choice == 1:  # out of range
+            a, b = h[name]["data_offsets"]
+            h[name]["data_offsets"] = [a, len(data) + rng.randrange(1, 1 << 20)]
+        elif choice == 2:  # shape that disagrees with the manifest (size kept consistent)
+            shape = h[name]["shape"]
+            h[name]["shape"] = [int(np.prod(shape)), 1] if len(shape) != 2 else [1, int(np.prod(shape))]
+            if h[name]["shape"] == shape:
+                h[name]["shape"] = shape + [1]
+        elif choice == 3:  # dtype that disagrees
+            h[name]["dtype"] = rng.choice(["F64", "I32", "F16", "BOOL", "Q8"])
+        elif choice == 4:  # a tensor the manifest needs is missing
+            del h[name]
+            a, b = header[name]["data_offsets"]
+            d = data[:a] + data[b:]
+            for k in h:
+                if k != "__metadata__" and h[k]["data_offsets"][0] >= b:
+                    h[k]["data_offsets"] = [x - (b - a) for x in h[k]["data_offsets"]]
+        elif choice == 5:  # a tensor the manifest does not know
+            h["junk"] = {"dtype": "F32", "shape": [2], "data_offsets": [len(data), len(data) + 8]}
+            d = data + b"\0" * 8
+        elif choice == 6:  # header length beyond the blob
+            raw = _safetensors(h, d)
+            yield "weights header length", raw[:0] + struct.pack("<Q", len(raw) * 4) + raw[8:]
+            continue
+        else:  # header that is not JSON
+            raw = _safetensors(h, d)
+            n = struct.unpack_from("<Q", raw, 0)[0]
+            yield "weights header not JSON", raw[:8] + b"{" * n + raw[8 + n:]
+            continue
+        yield f"weights {choice}", _safetensors(h, d)
+
+
+def _reblob(m: dict, blob: bytes) -> bytes:
+    return seal(m | {"blob_sha256": hashlib.sha256(blob).hexdigest()}, blob)
+
+
+class CountingDevice:
+    """A wgpu device that adds up the bytes of every buffer created through it."""
+
+    def __init__(self, device):
+        self._device, self.bytes = device, 0
+
+    def create_buffer(self, **kw):
+        buf = self._device.create_buffer(**kw)
+        self.bytes += kw["size"]
+        return buf
+
+    def __getattr__(self, name):
+        return getattr(self._device, name)
+
+
+def _run_loaded(device, pkg, good_pkg, rng):
+    """A mutated package that loaded must run, allocate no more than its manifest says,
+    and leave the device usable."""
+    counting = CountingDevice(device)
+    try:
+        session = Session(counting, pkg)
+    except PackageError as exc:
+        assert str(exc)
+        return "refused at session"
+    m = pkg.manifest
+    for name, p in m["programs"].items():
+        inputs = {}
+        for k, ti in p["inputs"].items():
+            t = m["tensors"][ti]
+            if k == p.get("row_mask"):
+                continue
+            inputs[k] = (rng.integers(0, 2, t["shape"]) if t["dtype"] == "i32"
+                         else rng.standard_normal(t["shape"]).astype(np.float32))
+        try:
+            session.run(name, inputs)
+        except FloatingPointError:
+            pass  # a NaN loss from mutated weights is reported, not a crash
+    staging = sum(-(-max(4, int(np.prod(m["tensors"][ti]["shape"])) * 4) // 8) * 8
+                  for p in m["programs"].values() for ti in p["outputs"].values())
+    assert counting.bytes <= m["memory"]["buffer_bytes"] + staging
+    return "ran"
+
+
+def test_ten_thousand_mutated_packages(good, device):
+    """Each case raises PackageError naming the problem, or loads and runs; none crashes,
+    hangs, allocates more than its manifest declares, or loses the device."""
+    rng = random.Random(1234)
+    nrng = np.random.default_rng(5)
+    m, blob = split(good)
+    good_pkg = Package.from_bytes(good)
+    cases = list(_damaged_bytes(good, rng))
+    while len(cases) < 6000:  # well-sealed manifests that break the rules
+        cases += [(what, seal(mm, blob)) for what, mm in _manifest_mutations(m, rng)]
+    cases += [(what, seal(mm, blob)) for what, mm in _type_confusion(m, rng, 3800)]
+    cases += [(what, _reblob(m, b)) for what, b in _bad_weights(m, blob, rng)]
+    cases.append(("bad blob", seal(m | {"blob_sha256": hashlib.sha256(b"junk").hexdigest()}, b"junk")))
+    assert len(cases) >= 10_000
+    outcomes = {}
     start = time.perf_counter()
     for what, data in cases:
         t = time.perf_counter()
         try:
-            Package.from_bytes(data)
+            pkg = Package.from_bytes(data)
         except PackageError as exc:
             assert str(exc), what
+            assert "invalid manifest (" not in str(exc), f"{what}: a case the validator missed: {exc}"
+            outcomes["refused"] = outcomes.get("refused", 0) + 1
+            continue
+        except Exception as exc:
+            pytest.fail(f"{what}: {type(exc).__name__} instead of PackageError: {exc}")
+        finally:
+            assert time.perf_counter() - t < 1.0, f"{what}: validation took too long"
+        same = all(pkg.manifest.get(k) == m.get(k) for k in SEMANTIC) and pkg.weights.keys() == good_pkg.weights.keys()
+        if same and outcomes.get("ran", 0) >= 3:
+            outcome = "metadata only"  # runs exactly as the good package (which runs below)
         else:
-            pytest.fail(f"{what}: a damaged package loaded without PackageError")
-        assert time.perf_counter() - t < 1.0, f"{what}: validation took too long"
-    assert time.perf_counter() - start < 60
+            outcome = _run_loaded(device, pkg, good_pkg, nrng)
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    elapsed = time.perf_counter() - start
+    print(f"{len(cases)} mutated packages in {elapsed:.1f} s: {outcomes}")
+    assert outcomes["refused"] > 0.9 * len(cases)
+    assert elapsed < 120
+    # the device is still fine: the good package runs and matches the float64 oracle
+    _check_good_package_runs(device, good_pkg)
+
+
+def _check_good_package_runs(device, pkg):
+    session = Session(device, pkg)
+    x = np.random.default_rng(9).standard_normal((8, 12)).astype(np.float32)
+    w = pkg.weights
+    ref = np.maximum(x @ w["fc1.weight"].T.astype(np.float64) + w["fc1.bias"], 0) @ w["fc2.weight"].T + w["fc2.bias"]
+    got = session.run("infer", {"x": x})["logits"]
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_sizes_beyond_the_device_are_refused_before_any_allocation(good, device):
+    m, blob = split(good)
+    limits = device.limits
+    biggest = min(limits["max-buffer-size"], limits["max-storage-buffer-binding-size"])
+    cases = []
+    mm = copy.deepcopy(m)
+    mm["buffers"][0] = -(-(biggest + 4) // 4) * 4  # declares more than the device can hold
+    mm["memory"]["buffer_bytes"] = sum(mm["buffers"])
+    cases.append(("buffer", mm, "largest storage buffer"))
+    mm = copy.deepcopy(m)
+    mm["programs"]["infer"]["dispatches"][0]["workgroups"] = [limits["max-compute-workgroups-per-dimension"] + 1, 1, 1]
+    cases.append(("workgroups", mm, "workgroups"))
+    mm = copy.deepcopy(m)
+    mm["kernels"][0]["workgroup_size"] = [1024, 1024, 1]
+    cases.append(("workgroup size", mm, "workgroup size"))
+    for what, mm, msg in cases:
+        counting = CountingDevice(device)
+        with pytest.raises(PackageError, match=msg):
+            Session(counting, Package.from_bytes(seal(mm, blob)))
+        assert counting.bytes == 0, what
+    counting = CountingDevice(device)
+    with pytest.raises(GPUOutOfMemoryError, match="memory_limit"):
+        Session(counting, Package.from_bytes(good), memory_limit=1000)
+    assert counting.bytes == 0
+
+
+def test_kernels_whose_bindings_disagree_with_the_manifest(good, device):
+    """The WGSL declares its bindings; the manifest declares them again. Any disagreement
+    that wgpu's validation sees is a PackageError at load, never an error in a frame."""
+    m, blob = split(good)
+    rng = random.Random(7)
+    refused = ran = 0
+    for i in range(len(m["kernels"])):
+        for change in ("flip access", "drop binding", "add binding"):
+            mm = copy.deepcopy(m)
+            k = mm["kernels"][i]
+            if change == "flip access":
+                j = rng.randrange(len(k["access"]))
+                k["access"][j] = "read" if k["access"][j] == "read_write" else "read_write"
+            elif change == "drop binding":
+                k["access"].pop()
+            else:
+                k["access"].append("read")
+            for p in mm["programs"].values():  # keep the dispatches consistent with the new access list
+                for d in p["dispatches"]:
+                    for v in [d, *d.get("variants", {}).values()]:
+                        if v["kernel"] == i:
+                            d["buffers"] = (d["buffers"][:len(k["access"])] + [0] * len(k["access"]))[:len(k["access"])]
+            try:
+                pkg = Package.from_bytes(seal(mm, blob))
+                Session(device, pkg)
+            except PackageError as exc:
+                assert str(exc)
+                refused += 1
+            else:
+                ran += 1  # e.g. an unused extra binding: harmless, and it runs
+    assert refused > 0
+    _check_good_package_runs(device, Package.from_bytes(good))
+
+
+def test_wgsl_edits_compile_or_are_refused(good, device):
+    """Random edits of kernel text: wgpu's WGSL compiler rejects them (PackageError), or they
+    compile into a kernel that runs (within its bounds-checked buffers)."""
+    m, blob = split(good)
+    rng = random.Random(11)
+    refused = 0
+    for _ in range(60):
+        mm = copy.deepcopy(m)
+        k = mm["kernels"][rng.randrange(len(mm["kernels"]))]
+        text = k["wgsl"]
+        pos = rng.randrange(len(text))
+        k["wgsl"] = text[:pos] + rng.choice(["", "(", "}", "@", "var", "1e99", "\x00", "u"]) + text[pos + rng.randrange(2):]
+        for kk in mm["kernels"]:  # the variants too, so whichever this device picks is edited
+            if kk is not k and kk["entry"] == k["entry"] and rng.random() < 0.5:
+                kk["wgsl"] = k["wgsl"]
+        outcome = _run_loaded(device, Package.from_bytes(seal(mm, blob)), None, np.random.default_rng(0))
+        refused += outcome == "refused at session"
+    assert refused > 20
+    _check_good_package_runs(device, Package.from_bytes(good))
 
 
 def test_wgsl_rejected_by_the_compiler_is_a_package_error(good, device):
