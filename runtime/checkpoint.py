@@ -3,10 +3,12 @@
 `write_atomic` writes to a temporary file in the same folder, flushes it to the disk
 (fsync), renames it over the target (atomic on POSIX and on Windows' ReplaceFile path
 that os.replace uses), then syncs the folder so the rename itself survives a power cut.
-A process killed at any point leaves either the previous file or the new one, whole.
+A process killed at any point leaves either the previous file or the new one, whole
+(and perhaps a temporary file, which the next successful save removes).
 """
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 from pathlib import Path
@@ -29,6 +31,11 @@ def write_atomic(path, data: bytes) -> None:
             pass
         raise
     _sync_folder(folder)
+    for stale in folder.glob(f".{glob.escape(path.name)}.*.tmp"):  # left by an earlier crash
+        try:
+            stale.unlink()
+        except OSError:
+            pass
 
 
 def _sync_folder(folder: Path) -> None:

@@ -1,0 +1,125 @@
+"""GPU faults: out of memory at load, a lost device, and objects released while a command
+buffer that uses them is still pending (wgpu-native aborts the process if one is destroyed)."""
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import wgpu
+
+from meganeura.compiler import Builder, TrainConfig, compile_model
+from meganeura.runtime import DeviceLostError, GPUOutOfMemoryError, Package, Session
+
+
+@pytest.fixture(scope="module")
+def package():
+    rng = np.random.default_rng(0)
+    b = Builder()
+    x = b.input("x", (8, 12))
+    h = b.relu(b.linear(x, b.param("fc1.weight", rng.standard_normal((16, 12))), b.param("fc1.bias", np.zeros(16))))
+    b.output("logits", b.linear(h, b.param("fc2.weight", rng.standard_normal((5, 16))), b.param("fc2.bias", np.zeros(5))))
+    return Package.from_bytes(compile_model(b.build(), TrainConfig(optimizer="adamw", lr=0.01)))
+
+
+class FailingDevice:
+    """The host's device, except that its Nth buffer allocation fails as wgpu reports
+    out of memory (a validation error raised by create_buffer)."""
+
+    def __init__(self, device, fail_at):
+        self._device, self.calls, self.fail_at = device, 0, fail_at
+
+    def create_buffer(self, **kw):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise wgpu.GPUValidationError("Validation Error\n\nCaused by:\n  Not enough memory left.")
+        return self._device.create_buffer(**kw)
+
+    def __getattr__(self, name):
+        return getattr(self._device, name)
+
+
+def batch(seed):
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((8, 12)).astype(np.float32), "labels": rng.integers(0, 5, 8)}
+
+
+def test_out_of_memory_at_load_is_clear_and_the_device_stays_usable(device, package):
+    for fail_at in (1, 7, len(package.manifest["buffers"])):
+        with pytest.raises(GPUOutOfMemoryError, match=r"needs 0.0 MiB of GPU memory in \d+ buffers; "
+                                                      r"the device could not allocate buffer \d+ .*Not enough memory"):
+            Session(FailingDevice(device, fail_at), package)
+    session = Session(device, package)  # the same device loads and runs the package afterwards
+    assert np.isfinite(session.run("train_step", batch(0))["loss"])
+
+
+def test_a_lost_device_is_detected_and_the_session_rebuilt_from_its_checkpoint(package, tmp_path):
+    adapter = wgpu.gpu.request_adapter_sync()
+    own = adapter.request_device_sync()  # not the shared default device: this one gets destroyed
+    session = Session(own, package)
+    for step in range(3):
+        session.run("train_step", batch(step))
+    session.save_weights(tmp_path / "last.safetensors")
+    x = batch(9)["x"]
+    before = session.run("infer", {"x": x})["logits"]
+    own.destroy()  # what a driver reset or an unplugged GPU looks like to wgpu
+    with pytest.raises(DeviceLostError, match="device was lost"):
+        session.run("infer", {"x": x})
+    with pytest.raises(DeviceLostError):
+        session.run("train_step", batch(3))
+    assert session.lost
+    fresh = session.rebuild(weights=tmp_path / "last.safetensors")  # a new device, the last checkpoint
+    assert fresh.device is not own
+    np.testing.assert_allclose(fresh.run("infer", {"x": x})["logits"], before, rtol=1e-6, atol=1e-6)
+    assert np.isfinite(fresh.run("train_step", batch(4))["loss"])
+
+
+CLOSE_WHILE_PENDING = """
+import gc
+import numpy as np
+import wgpu
+from meganeura.compiler import Builder, compile_model
+from meganeura.runtime import Package, Session
+
+b = Builder()
+x = b.input("x", (64, 64))
+y = x
+for i in range(6):
+    y = b.relu(b.linear(y, b.param(f"l{i}.weight", np.eye(64) * 1.01), b.param(f"l{i}.bias", np.full(64, 0.01))))
+b.output("y", y)
+pkg = Package.from_bytes(compile_model(b.build()))
+device = wgpu.gpu.request_adapter_sync().request_device_sync()
+session = Session(device, pkg)
+session.write_inputs("infer", {"x": np.ones((64, 64), np.float32)})
+out = session.buffers[session.tensors[pkg.programs["infer"]["outputs"]["y"]]["buffer"]]
+keep = device.create_buffer(size=64 * 64 * 4, usage=wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.MAP_READ)
+enc = device.create_command_encoder()
+session.record(enc, "infer")  # recorded, not yet submitted
+enc.copy_buffer_to_buffer(out, 0, keep, 0, 64 * 64 * 4)
+session.close()  # the host drops the session while its encoder still holds our dispatches
+del session, out
+gc.collect()
+device.queue.submit([enc.finish()])
+keep.map_sync(wgpu.MapMode.READ)
+got = np.frombuffer(keep.read_mapped(), np.float32)
+ref = np.ones(64, np.float64)
+for i in range(6):
+    ref = np.maximum(ref * 1.01 + 0.01, 0)
+assert np.allclose(got, ref[0], rtol=1e-5), (got[:4], ref[0])
+print("ok", got[0])
+"""
+
+
+def test_closing_a_session_while_its_work_is_pending_does_not_abort(tmp_path):
+    """Run in a child process: a destroyed-while-pending buffer would SIGABRT it."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(CLOSE_WHILE_PENDING)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("ok")
+
+
+def test_a_closed_session_says_so(device, package):
+    session = Session(device, package)
+    session.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        session.run("infer", {"x": np.zeros((8, 12))})
