@@ -44,7 +44,7 @@ from .timing import Costs, GpuTimer, Trace
 class FrameScheduler:
     def __init__(self, session, budget_ms: float = 4.0, *, before=(), after=(), infer: str | None = "infer",
                  train: str = "train_step", chunk_dispatches: int = 4, timestamps: bool | None = None,
-                 trace=None, history: int = 2000, max_train_chunks: int = 64, dispatch_ms: float = 0.05,
+                 trace=None, history: int = 600, max_train_chunks: int = 64, dispatch_ms: float = 0.05,
                  timestamp_period_ns: float = 1.0, held_batches: int = 3):
         import wgpu
 
