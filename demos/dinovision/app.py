@@ -55,8 +55,11 @@ class DinoVision:
         self.decoder_path = Path(decoder_path) if decoder_path else None
         self.restored = False
         if self.decoder_path and self.decoder_path.is_file():
-            self.session.load_weights(self.decoder_path, strict=False)
-            self.restored = True
+            try:
+                self.session.load_weights(self.decoder_path, strict=False)
+                self.restored = True
+            except ValueError as exc:  # another model's file, or damaged: start fresh, keep it
+                print(f"dinovision: not restoring the decoder ({exc}); starting from the package's weights")
         self.scene = Scene(device, cfg.width, cfg.height, seed=seed, stereo=cfg.eyes == 2)
         enc = device.create_command_encoder()
         targets = [self.scene.render(enc, 0.0, eye) for eye in range(cfg.eyes)]
