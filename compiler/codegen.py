@@ -221,11 +221,20 @@ def _reduce(sched: Schedule, k: Kernel) -> KernelCode:
     red = int(np.prod(shape[axes[0]:axes[-1] + 1], dtype=np.int64))
     inner = int(np.prod(shape[axes[-1] + 1:], dtype=np.int64))
     bind = _Bindings(g, sched.storage)
-    bind.use(base_of(g, x))
-    bind.use(r, write=True)
+    chain = k.members - {r}  # an elementwise prologue computed in the loads
+    if chain:
+        coords, body, uses_prelude = ew_code(sched, chain, [], bind)
+        load = "fn load(idx: u32) -> f32 {\n" + "\n".join(coords + body) + f"\n    return v{base_of(g, x)};\n}}"
+        if uses_prelude:
+            load = render("prelude") + "\n" + load
+    else:
+        load = "fn load(idx: u32) -> f32 { return src[idx]; }"
+        bind.use(base_of(g, x))
+    out = int(bind.use(r, write=True)[1:])
     is_max = n.op == "reduce_max"
     combine = "fn combine(a: f32, b: f32) -> f32 { return " + ("max(a, b)" if is_max else "a + b") + "; }"
-    decls = bind.decls(["src", "dst"]) + "\n" + combine
+    names = ["dst" if b == out else ("src" if not chain else f"t{b}") for b in range(len(bind.slots))]
+    decls = bind.decls(names) + "\n" + combine + "\n" + load
     init = f32_literal(float("-inf")) if is_max else "0.0"
     if inner == 1 and red > 64:
         wgsl = render("reduce_rows", BINDINGS=decls, OUTER=outer, R=red, INIT=init, COMBINE="combine")

@@ -70,7 +70,7 @@ def schedule(graph: Graph) -> Schedule:
         readers = _readers(graph, i, users, live)
         ok = readers and all(is_elementwise(nodes[u].op) and flat_read(graph, u, p) for u, p in readers)
         cheap = len({u for u, _ in readers}) == 1 or _cheap(graph, i)
-        if ok and cheap:
+        if (ok and cheap) or _reduce_prologue(graph, i, readers):
             inlined.add(i)
 
     # a fused chain must fit the device's bindings: materialize inner nodes until it does
@@ -78,7 +78,7 @@ def schedule(graph: Graph) -> Schedule:
     while changed:
         changed = False
         for r in sorted(live):
-            if r in inlined or not is_elementwise(nodes[r].op) or nodes[r].op == "const":
+            if r in inlined or not (is_elementwise(nodes[r].op) or _is_reduce(nodes[r].op)) or nodes[r].op == "const":
                 continue
             members = _members(graph, r, inlined)
             if len(_external_reads(graph, members)) + 1 > MAX_BINDINGS and len(members) > 1:
@@ -109,7 +109,7 @@ def schedule(graph: Graph) -> Schedule:
 
     for r in roots:
         n = nodes[r]
-        members = _members(graph, r, inlined) if is_elementwise(n.op) else {r}
+        members = _members(graph, r, inlined) if is_elementwise(n.op) or _is_reduce(n.op) else {r}
         ext = {views.get(x, x) for x in _external_reads(graph, members)}
         target = None
         if is_elementwise(n.op):
@@ -210,6 +210,16 @@ def _fuse_epilogues(graph, kernels, users, live, pinned):
         gone.add(e)
     kept = [ker for i, ker in enumerate(kernels) if i not in gone]
     return kept, {r: i for i, ker in enumerate(kept) for r in ker.roots}
+
+
+def _is_reduce(op: str) -> bool:
+    return OPS[op].lowering[:2] == ("kernel", "reduce")
+
+
+def _reduce_prologue(graph, i, readers) -> bool:
+    """An elementwise value read only by one reduction is computed in that reduction's
+    loads (nonfinite flags, squares, products summed for a gradient): no tensor, no kernel."""
+    return len(readers) == 1 and readers[0][1] == 0 and _is_reduce(graph.nodes[readers[0][0]].op)
 
 
 def _readers(graph, i, users, live):

@@ -12,7 +12,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = idx % {{INNER}}u;
     var acc = {{INIT}};
     for (var r = 0u; r < {{R}}u; r = r + 1u) {
-        acc = {{COMBINE}}(acc, src[(o * {{R}}u + r) * {{INNER}}u + i]);
+        acc = {{COMBINE}}(acc, load((o * {{R}}u + r) * {{INNER}}u + i));
     }
     dst[idx] = acc;
 }

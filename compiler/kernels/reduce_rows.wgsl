@@ -14,7 +14,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let base = row * {{R}}u;
     var acc = {{INIT}};
     for (var r = lid; r < {{R}}u; r = r + 64u) {
-        acc = {{COMBINE}}(acc, src[base + r]);
+        acc = {{COMBINE}}(acc, load(base + r));
     }
     partial[lid] = acc;
     workgroupBarrier();
