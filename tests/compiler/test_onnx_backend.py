@@ -55,7 +55,8 @@ class MeganeuraRep(BackendRep):
         self.session = Session(device, Package.from_bytes(compile_graph(self.graph)))
 
     def run(self, inputs, **kwargs):
-        outs = self.session.run("infer", dict(zip(self.graph.inputs, inputs)))
+        # ONNX inputs may hold inf/NaN on purpose (attention masks, isinf/isnan tests)
+        outs = self.session.run("infer", dict(zip(self.graph.inputs, inputs)), check_finite=False)
         return tuple(outs[k] for k in self.graph.outputs)
 
 
