@@ -16,7 +16,8 @@ def main():
     from meganeura.runtime import Package, Session
     from workloads import WORKLOADS
 
-    model, train, inputs, _ = WORKLOADS["mlp_64-128-10_b64"]()
+    case = WORKLOADS["mlp_64-128-10_b64"]()
+    model, train, inputs = case.model, case.train, case.inputs
     s = Session(None, Package.from_bytes(compile_model(model, train)))
     dev = s.device
     s.write_inputs("infer", {"x": inputs["x"]})

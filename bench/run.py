@@ -1,124 +1,260 @@
 """Side-by-side benchmark: meganeura (wgpu, Vulkan) and PyTorch (CUDA eager, fp32, TF32 off)
 on the same GPU in one process. Prints ratio tables and writes JSON.
 
-    python bench/run.py [--out DIR] [--only NAME ...] [--iters N]
+    python bench/run.py [--out DIR] [--only NAME ...] [--iters N] [--budget S] [--smoke]
 
-Ratios are meganeura / PyTorch: below 1 means meganeura is faster.
+Ratios are meganeura / PyTorch: below 1 means meganeura is faster. Per workload: compile
+time, package load time (Session construction: buffers, weights, every pipeline), GPU time
+(timestamp queries around our one compute pass; CUDA events around torch's calls), wall
+time, host CPU time per recorded dispatch, memory (our package's buffer bytes; torch's
+max_memory_allocated over its model, optimizer and both programs), and the check that both
+sides compute the same thing: the max relative error (max |ours - torch| / max |torch|) of
+the inference output and of the first training step's loss.
+
+--smoke swaps in tiny configurations (and runs torch on the CPU when there is no CUDA), so
+that the whole harness runs on lavapipe in minutes.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timing import time_program, time_torch  # noqa: E402
-from workloads import WORKLOADS  # noqa: E402
+import models  # noqa: F401  (registers the paper's workloads and DINOv2)
+from timing import time_program, time_torch
+from workloads import WORKLOADS
+
+MATCH_TOL = 1e-3  # a max relative error above this is flagged: not the same computation
+TARGETS = "train median <= 1.2x, none > 2x; inference median <= 1.0x; memory <= torch's on >= 4 of 5"
 
 
-def run_one(name, spec, iters, device):
+def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"output shapes differ: meganeura {a.shape}, torch {b.shape}")
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def _numpy(t):
+    return t.detach().float().cpu().numpy()
+
+
+def run_one(name, spec, args, device, tdev):
     import torch
-
     from meganeura.compiler import compile_model
     from meganeura.runtime import Package, Session
 
+    cuda = tdev != "cpu"
     row = {"workload": name}
-    model, train, inputs, torch_setup = spec()
     t = time.perf_counter()
-    data = compile_model(model, train)
+    case = spec(smoke=args.smoke)
+    row.update(build_s=time.perf_counter() - t, config=case.config, paper=case.paper)
+    row["parameters"] = int(sum(np.size(v) for v in case.model.params.values()))
+    out_name = case.output or next(iter(case.model.graph.outputs))
+    t = time.perf_counter()
+    data = compile_model(case.model, case.train)
     row["compile_s"] = time.perf_counter() - t
+    case.model = None  # the builder's copy of the weights
+    row["package_mb"] = len(data) / 2**20
+    package = Package.from_bytes(data)
+    del data
+    row["gpu_bytes"] = int(package.manifest["memory"]["buffer_bytes"])
     t = time.perf_counter()
-    session = Session(device, Package.from_bytes(data))
+    session = Session(device, package)
     row["load_s"] = time.perf_counter() - t
-    row["gpu_bytes"] = Package.from_bytes(data).manifest["memory"]["buffer_bytes"]
-    torch.cuda.reset_peak_memory_stats()
-    tfwd, ttrain = torch_setup()
-    for prog, tfn in (("infer", tfwd), ("train_step", ttrain)):
-        if prog not in session.programs or tfn is None:
-            continue
-        feed = {k: v for k, v in inputs.items() if prog == "train_step" or k != "labels"}
-        ours = time_program(session, prog, feed, iters=iters)
-        theirs = time_torch(tfn, iters=iters)
-        row[prog] = {"meganeura": ours, "torch": theirs,
-                     "gpu_ratio": ours["gpu_ms"] / theirs["gpu_ms"] if ours["gpu_ms"] else None,
-                     "wall_ratio": ours["wall_ms"] / theirs["wall_ms"]}
-    row["torch_peak_bytes"] = int(torch.cuda.max_memory_allocated())
+    try:
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        tfwd, ttrain = case.setup(tdev)
+        infer_feed = {k: v for k, v in case.inputs.items() if k != "labels"}
+
+        # the same computation? inference output, then the first training step's loss (same weights)
+        ours_out = session.run("infer", infer_feed)[out_name]
+        theirs_out = _numpy(tfwd())
+        row["infer_rel_err"] = rel(ours_out.reshape(theirs_out.shape) if ours_out.size == theirs_out.size
+                                   else ours_out, theirs_out)
+        row["out_scale"] = float(np.abs(theirs_out).max())
+        del ours_out, theirs_out
+        has_train = "train_step" in session.programs and ttrain is not None
+        if has_train:
+            ours_loss = float(np.asarray(session.run("train_step", case.inputs)["loss"]).reshape(-1)[0])
+            theirs_loss = float(ttrain().item())
+            row["loss"] = {"meganeura": ours_loss, "torch": theirs_loss, "rel_err": rel(ours_loss, theirs_loss)}
+
+        kw = {"iters": args.iters, "budget_s": args.budget}
+        for prog, tfn in (("infer", tfwd), ("train_step", ttrain if has_train else None)):
+            if tfn is None:
+                continue
+            feed = case.inputs if prog == "train_step" else infer_feed
+            ours = time_program(session, prog, feed, **kw)
+            theirs = time_torch(tfn, device=tdev, **kw)
+            row[prog] = {"meganeura": ours, "torch": theirs,
+                         "gpu_ratio": ours["gpu_ms"] / theirs["gpu_ms"] if ours["gpu_ms"] else None,
+                         "wall_ratio": ours["wall_ms"] / theirs["wall_ms"]}
+        if cuda:
+            torch.cuda.synchronize()
+            row["torch_peak_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+        row["notes"] = case.notes
+    finally:
+        session.close()
     return row
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out/bench")
-    ap.add_argument("--only", nargs="*")
-    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--only", nargs="*", help=f"workloads to run, of: {' '.join(WORKLOADS)}")
+    ap.add_argument("--iters", type=int, default=50, help="timed runs per program and side (at most)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds per timed loop, after which it stops early (default 6; 1 with --smoke)")
+    ap.add_argument("--smoke", action="store_true", help="tiny configurations; torch on the CPU without CUDA")
     args = ap.parse_args(argv)
+    if args.budget is None:
+        args.budget = 1.0 if args.smoke else 6.0
+    unknown = set(args.only or ()) - set(WORKLOADS)
+    if unknown:
+        ap.error(f"unknown workloads {sorted(unknown)}; there are {list(WORKLOADS)}")
     import torch
     import wgpu
-
     from meganeura.runtime.device import default_device
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    tdev = "cuda" if torch.cuda.is_available() else "cpu"
+    if tdev == "cpu" and not args.smoke:
+        print("warning: no CUDA: torch runs on the CPU", file=sys.stderr)
     device = default_device()
     info = {"date": time.strftime("%Y-%m-%d"), "gpu": device.adapter.info["device"],
             "driver": device.adapter.info.get("description", ""), "backend": device.adapter.info["backend_type"],
             "wgpu": wgpu.__version__, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "torch_gpu": torch.cuda.get_device_name(0), "python": platform.python_version(),
-            "features": sorted(device.features)}
+            "torch_device": torch.cuda.get_device_name(0) if tdev == "cuda" else "cpu",
+            "python": platform.python_version(), "features": sorted(device.features), "smoke": args.smoke,
+            "iters": args.iters, "budget_s": args.budget}
     rows = []
     for name, spec in WORKLOADS.items():
         if args.only and name not in args.only:
             continue
+        t = time.perf_counter()
         try:
-            rows.append(run_one(name, spec, args.iters, device))
+            row = run_one(name, spec, args, device, tdev)
         except Exception as exc:  # one broken workload must not hide the others
-            rows.append({"workload": name, "error": f"{type(exc).__name__}: {exc}"})
-        print(_line(rows[-1]), flush=True)
+            traceback.print_exc()
+            row = {"workload": name, "error": f"{type(exc).__name__}: {exc}"}
+        row["total_s"] = time.perf_counter() - t
+        rows.append(row)
+        gc.collect()  # our buffers and torch's tensors of this workload go before the next one
+        if tdev == "cuda":
+            torch.cuda.empty_cache()
+        print(_line(row), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1))
-    table = _table(info, rows)
+    summary = _summary(rows)
+    (out / "bench.json").write_text(json.dumps({"info": info, "rows": rows, "summary": summary}, indent=1))
+    table = _table(info, rows, summary)
     (out / "bench.md").write_text(table)
     print(table)
+
+
+def _f(x, fmt=".3f"):
+    return "-" if x is None else format(x, fmt)
 
 
 def _line(r):
     if "error" in r:
         return f"{r['workload']}: ERROR {r['error']}"
-    parts = [r["workload"], f"compile {r['compile_s']:.3f}s"]
+    parts = [r["workload"], f"compile {r['compile_s']:.2f}s load {r['load_s']:.2f}s",
+             f"infer rel err {r['infer_rel_err']:.1e}" + (" MISMATCH" if r["infer_rel_err"] > MATCH_TOL else "")]
+    if "loss" in r:
+        parts.append(f"loss {r['loss']['meganeura']:.5g} vs {r['loss']['torch']:.5g} (rel {r['loss']['rel_err']:.1e})"
+                     + (" MISMATCH" if r["loss"]["rel_err"] > MATCH_TOL else ""))
     for p in ("infer", "train_step"):
         if p in r:
             m, t = r[p]["meganeura"], r[p]["torch"]
-            parts.append(f"{p}: gpu {m['gpu_ms']:.3f} vs {t['gpu_ms']:.3f} ms, wall {m['wall_ms']:.3f} vs "
-                         f"{t['wall_ms']:.3f} ms ({m['dispatches']} dispatches)")
-    return " | ".join(parts)
+            parts.append(f"{p}: gpu {_f(m['gpu_ms'])} vs {t['gpu_ms']:.3f} ms (x{_f(r[p]['gpu_ratio'], '.2f')}), "
+                         f"wall {m['wall_ms']:.3f} vs {t['wall_ms']:.3f} ms ({m['dispatches']} dispatches, "
+                         f"{m['iters']}/{t['iters']} iters)")
+    mem = f"memory {r['gpu_bytes'] / 2**20:.1f} MiB"
+    if r.get("torch_peak_bytes") is not None:
+        mem += f" vs torch peak {r['torch_peak_bytes'] / 2**20:.1f} MiB"
+    parts.append(mem)
+    return " | ".join(parts) + f" | {r['total_s']:.0f}s"
 
 
-def _table(info, rows):
-    lines = [f"# Benchmark {info['date']}: {info['gpu']} ({info['backend']}, {info['driver']}), "
-             f"wgpu {info['wgpu']}, torch {info['torch']} CUDA {info['cuda']}, fp32 (TF32 off)", "",
+def _summary(rows) -> dict:
+    """The project's targets over the paper's five workloads."""
+    paper = [r for r in rows if r.get("paper") and "error" not in r]
+    train = [r["train_step"]["gpu_ratio"] for r in paper if r.get("train_step", {}).get("gpu_ratio") is not None]
+    infer = [r["infer"]["gpu_ratio"] for r in paper if r.get("infer", {}).get("gpu_ratio") is not None]
+    mem = [r["gpu_bytes"] <= r["torch_peak_bytes"] for r in paper if r.get("torch_peak_bytes") is not None]
+    s = {"paper_workloads": [r["workload"] for r in paper],
+         "train_gpu_ratio_median": float(np.median(train)) if train else None,
+         "train_gpu_ratio_max": float(max(train)) if train else None,
+         "infer_gpu_ratio_median": float(np.median(infer)) if infer else None,
+         "memory_le_torch": sum(mem), "memory_compared": len(mem),
+         "mismatches": [r["workload"] for r in rows if "error" not in r and (
+             r["infer_rel_err"] > MATCH_TOL or r.get("loss", {}).get("rel_err", 0) > MATCH_TOL)]}
+    s["targets_met"] = None if len(train) < 5 or len(infer) < 5 or len(mem) < 5 else {
+        "train_median_le_1.2": s["train_gpu_ratio_median"] <= 1.2, "train_none_gt_2": s["train_gpu_ratio_max"] <= 2.0,
+        "infer_median_le_1.0": s["infer_gpu_ratio_median"] <= 1.0, "memory_4_of_5": s["memory_le_torch"] >= 4}
+    return s
+
+
+def _table(info, rows, summary):
+    torch_side = "CPU" if info["torch_device"] == "cpu" else f"CUDA {info['cuda']}"
+    lines = [f"# Benchmark {info['date']}{' (smoke: tiny configurations)' if info['smoke'] else ''}: {info['gpu']} "
+             f"({info['backend']}, {info['driver']}), wgpu {info['wgpu']}, torch {info['torch']} {torch_side} "
+             f"({info['torch_device']}), fp32 (TF32 off); at most {info['iters']} timed runs or {info['budget_s']:g} s "
+             "per program and side", "",
              "| workload | program | meganeura GPU ms | torch GPU ms | GPU ratio | meganeura wall ms | torch wall ms "
-             "| wall ratio | dispatches | encode us/dispatch |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| wall ratio | dispatches | encode us/dispatch | runs (ours/torch) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['workload']} | error: {r['error'][:80]} |")
+            lines.append(f"| {r['workload']} | error: {r['error'][:100]} |")
             continue
         for p in ("infer", "train_step"):
             if p not in r:
                 continue
             m, t = r[p]["meganeura"], r[p]["torch"]
-            lines.append(f"| {r['workload']} | {p} | {m['gpu_ms']:.3f} | {t['gpu_ms']:.3f} | {r[p]['gpu_ratio']:.2f} | "
-                         f"{m['wall_ms']:.3f} | {t['wall_ms']:.3f} | {r[p]['wall_ratio']:.2f} | {m['dispatches']} | "
-                         f"{m['encode_us_per_dispatch']:.1f} |")
-    lines += ["", "| workload | compile s | load s | meganeura buffers MB | torch peak MB |", "|---|---|---|---|---|"]
+            lines.append(f"| {r['workload']} | {p} | {_f(m['gpu_ms'])} | {t['gpu_ms']:.3f} | "
+                         f"{_f(r[p]['gpu_ratio'], '.2f')} | {m['wall_ms']:.3f} | {t['wall_ms']:.3f} | "
+                         f"{r[p]['wall_ratio']:.2f} | {m['dispatches']} | {m['encode_us_per_dispatch']:.1f} | "
+                         f"{m['iters']}/{t['iters']} |")
+    lines += ["", "| workload | parameters | compile s | load s | meganeura buffers MiB | torch peak MiB | "
+              "infer max rel err | loss (ours / torch) | configuration |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        if "error" not in r:
-            lines.append(f"| {r['workload']} | {r['compile_s']:.3f} | {r['load_s']:.3f} | {r['gpu_bytes'] / 2**20:.1f} | "
-                         f"{r['torch_peak_bytes'] / 2**20:.1f} |")
+        if "error" in r:
+            continue
+        peak = r.get("torch_peak_bytes")
+        loss = r.get("loss")
+        lines.append(f"| {r['workload']} | {r['parameters'] / 1e6:.2f} M | {r['compile_s']:.2f} | {r['load_s']:.2f} | "
+                     f"{r['gpu_bytes'] / 2**20:.1f} | {'-' if peak is None else f'{peak / 2**20:.1f}'} | "
+                     f"{r['infer_rel_err']:.1e}{' **MISMATCH**' if r['infer_rel_err'] > MATCH_TOL else ''} | "
+                     + (f"{loss['meganeura']:.5g} / {loss['torch']:.5g} ({loss['rel_err']:.0e})" if loss else "-")
+                     + f" | {r.get('config', '')} |")
+    s = summary
+    lines += ["", f"Summary over the paper's five workloads ({', '.join(s['paper_workloads']) or 'none ran'}); "
+              f"targets: {TARGETS}.", "",
+              f"- train step GPU ratio: median {_f(s['train_gpu_ratio_median'], '.2f')}, "
+              f"max {_f(s['train_gpu_ratio_max'], '.2f')}",
+              f"- inference GPU ratio: median {_f(s['infer_gpu_ratio_median'], '.2f')}",
+              f"- meganeura buffers <= torch peak: {s['memory_le_torch']} of {s['memory_compared']}",
+              f"- targets met: {s['targets_met'] if s['targets_met'] is not None else 'n/a (not all five measured)'}",
+              f"- outputs that do not match torch (max rel err > {MATCH_TOL:g}): {s['mismatches'] or 'none'}"]
+    notes = {r["workload"]: r["notes"] for r in rows if r.get("notes")}
+    if notes:
+        lines += ["", "Torch side: " + "; ".join(f"{k}: {', '.join(f'{a} {b}' for a, b in v.items())}"
+                                                  for k, v in notes.items())]
     return "\n".join(lines) + "\n"
 
 

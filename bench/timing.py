@@ -41,14 +41,33 @@ class GpuTimer:
         return float(t1 - t0) * 1e-9  # NVIDIA and lavapipe report 1 ns ticks (DESIGN.md)
 
 
-def time_program(session, program: str, inputs: dict, iters: int = 50, warmup: int = 5) -> dict:
+def _loop(run_once, iters: int, warmup: int, budget_s: float | None) -> list:
+    """`warmup` untimed runs (fewer once they took a quarter of `budget_s`; at least one),
+    then up to `iters` timed ones, stopping once they took `budget_s` (at least 3 runs)."""
+    t0 = time.perf_counter()
+    for _ in range(max(warmup, 1)):
+        run_once()
+        if budget_s and time.perf_counter() - t0 > budget_s / 4:
+            break
+    samples = []
+    t0 = time.perf_counter()
+    while len(samples) < iters:
+        samples.append(run_once())
+        if budget_s and len(samples) >= 3 and time.perf_counter() - t0 > budget_s:
+            break
+    return samples
+
+
+def time_program(session, program: str, inputs: dict, iters: int = 50, warmup: int = 5,
+                 budget_s: float | None = None) -> dict:
     """Median GPU time of the whole program in one pass, median wall latency of a run
-    (upload, encode, submit, wait), and host encode time per dispatch."""
+    (encode, submit, wait; the inputs are uploaded once, before), and host encode time per
+    dispatch. `budget_s` bounds the timed loop's seconds (big models run fewer iterations)."""
     dev = session.device
     timer = GpuTimer(dev)
     session.write_inputs(program, inputs)
-    gpu, wall, encode = [], [], []
-    for i in range(warmup + iters):
+
+    def once():
         t0 = time.perf_counter()
         enc = dev.create_command_encoder()
         t1 = time.perf_counter()
@@ -57,32 +76,40 @@ def time_program(session, program: str, inputs: dict, iters: int = 50, warmup: i
         timer.finish(enc)
         dev.queue.submit([enc.finish()])
         g = timer.seconds()  # map_sync: waits for this submission
-        t3 = time.perf_counter()
-        if i >= warmup:
-            gpu.append(g)
-            wall.append(t3 - t0)
-            encode.append(t2 - t1)
+        return g, time.perf_counter() - t0, t2 - t1
+
+    samples = _loop(once, iters, warmup, budget_s)
+    gpu, wall, encode = zip(*samples)
     n = session.dispatch_count(program)
     return {"gpu_ms": float(np.median(gpu)) * 1e3 if gpu[0] is not None else None,
-            "wall_ms": float(np.median(wall)) * 1e3, "dispatches": n,
+            "wall_ms": float(np.median(wall)) * 1e3, "dispatches": n, "iters": len(samples),
             "encode_us_per_dispatch": float(np.median(encode)) * 1e6 / max(n, 1)}
 
 
-def time_torch(fn, iters: int = 50, warmup: int = 5) -> dict:
-    """Median CUDA-event time and wall latency of fn() on the current CUDA device."""
+def time_torch(fn, iters: int = 50, warmup: int = 5, budget_s: float | None = None, device: str = "cuda") -> dict:
+    """Median CUDA-event time and wall latency of fn() on the current CUDA device. On the
+    CPU (`device="cpu"`, smoke runs) both are the wall time."""
     import torch
 
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    gpu, wall = [], []
-    for _ in range(iters):
+    cuda = device != "cpu"
+
+    def once():
+        if not cuda:
+            t0 = time.perf_counter()
+            fn()
+            w = time.perf_counter() - t0
+            return w, w
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
         s.record()
         fn()
         e.record()
         torch.cuda.synchronize()
-        wall.append(time.perf_counter() - t0)
-        gpu.append(s.elapsed_time(e) * 1e-3)
-    return {"gpu_ms": float(np.median(gpu)) * 1e3, "wall_ms": float(np.median(wall)) * 1e3}
+        w = time.perf_counter() - t0
+        return s.elapsed_time(e) * 1e-3, w
+
+    if cuda:
+        torch.cuda.synchronize()
+    samples = _loop(once, iters, warmup, budget_s)
+    gpu, wall = zip(*samples)
+    return {"gpu_ms": float(np.median(gpu)) * 1e3, "wall_ms": float(np.median(wall)) * 1e3, "iters": len(samples)}

@@ -1,38 +1,57 @@
-"""Benchmark workloads: each returns (model, train config or None, inputs, torch_setup)
-where torch_setup() -> (infer fn, train-step fn) running the same computation in PyTorch
-on CUDA (fp32), with the same weights."""
+"""Benchmark workloads. WORKLOADS maps a name to spec(smoke=False) -> Case: the meganeura
+model, its training configuration (or None), the inputs (training's "labels" among them),
+and setup(torch_device) -> (infer, train_step): PyTorch functions running the same
+computation with the same weights (fp32). infer() returns the output that meganeura's
+infer program's `output` is checked against; train_step() returns the loss tensor (or
+train_step is None). `smoke` asks for a tiny configuration that lavapipe and a CPU torch
+run in seconds. bench/models.py adds the paper's five models and DINOv2."""
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
 
-def _gemm(m, k, n):
-    def spec():
-        import torch
+@dataclass
+class Case:
+    model: object  # meganeura.compiler Model
+    train: object | None  # TrainConfig
+    inputs: dict
+    setup: Callable  # torch device -> (infer, train_step or None)
+    output: str | None = None  # the output checked against torch's; default the only one
+    paper: bool = False  # one of the paper's five workloads (the summary's population)
+    config: str = ""  # what was built, for the table
+    notes: dict = field(default_factory=dict)  # filled by setup: torch-side details (attention, AdamW)
 
+
+def _gemm(m, k, n):
+    def spec(smoke=False):
+        import torch
         from meganeura.compiler import Builder
 
+        mm, kk, nn = (min(v, 96) for v in (m, k, n)) if smoke else (m, k, n)
         rng = np.random.default_rng(0)
-        a = rng.standard_normal((m, k)).astype(np.float32)
-        w = rng.standard_normal((k, n)).astype(np.float32)
+        a = rng.standard_normal((mm, kk)).astype(np.float32)
+        w = rng.standard_normal((kk, nn)).astype(np.float32)
         b = Builder()
-        x = b.input("a", (m, k))
+        x = b.input("a", (mm, kk))
         b.output("c", b.matmul(x, b.param("w", w)))
 
-        def setup():
-            ta, tw = torch.tensor(a, device="cuda"), torch.tensor(w, device="cuda")
+        def setup(dev):
+            ta, tw = torch.tensor(a, device=dev), torch.tensor(w, device=dev)
             return (lambda: ta @ tw), None
-        return b.build(), None, {"a": a}, setup
+        return Case(b.build(), None, {"a": a}, setup, config=f"{mm}x{kk}x{nn}")
     return spec
 
 
 def _mlp(batch, sizes):
-    def spec():
+    def spec(smoke=False):
         import torch
-
         from meganeura.compiler import TrainConfig
         from meganeura.compiler.models.mlp import mlp
 
+        n = min(batch, 16) if smoke else batch
         torch.manual_seed(0)
         layers = []
         for i, (a, b_) in enumerate(zip(sizes[:-1], sizes[1:])):
@@ -42,15 +61,15 @@ def _mlp(batch, sizes):
         tm = torch.nn.Sequential(*layers)
         names = [str(i) for i in range(0, 2 * len(sizes) - 2, 2)]
         weights = {k: v.numpy() for k, v in tm.state_dict().items()}
-        model = mlp(list(sizes), batch=batch, weights=weights, names=names)
+        model = mlp(list(sizes), batch=n, weights=weights, names=names)
         rng = np.random.default_rng(0)
-        x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
-        y = rng.integers(0, sizes[-1], batch)
+        x = rng.standard_normal((n, sizes[0])).astype(np.float32)
+        y = rng.integers(0, sizes[-1], n)
 
-        def setup():
-            tmc = tm.cuda()
+        def setup(dev):
+            tmc = tm.to(dev)
             opt = torch.optim.AdamW(tmc.parameters(), lr=1e-3)
-            tx, ty = torch.tensor(x, device="cuda"), torch.tensor(y, device="cuda")
+            tx, ty = torch.tensor(x, device=dev), torch.tensor(y, device=dev)
 
             def infer():
                 with torch.no_grad():
@@ -58,10 +77,13 @@ def _mlp(batch, sizes):
 
             def train():
                 opt.zero_grad(set_to_none=True)
-                torch.nn.functional.cross_entropy(tmc(tx), ty).backward()
+                loss = torch.nn.functional.cross_entropy(tmc(tx), ty)
+                loss.backward()
                 opt.step()
+                return loss
             return infer, train
-        return model, TrainConfig(loss="cross_entropy", optimizer="adamw", lr=1e-3), {"x": x, "labels": y}, setup
+        return Case(model, TrainConfig(loss="cross_entropy", optimizer="adamw", lr=1e-3), {"x": x, "labels": y}, setup,
+                    config=f"{'-'.join(map(str, sizes))}, batch {n}")
     return spec
 
 
