@@ -418,6 +418,6 @@ row("log_softmax", _row_shape, lambda xs, at: _log_softmax(xs[0]), _g_log_softma
 row("cross_entropy", _cross_entropy_shape, _cross_entropy_ref, _g_cross_entropy, ("decompose", _d_cross_entropy))
 row("mse", _mse_shape, _mse_ref, _g_mse, ("decompose", _d_mse))
 
-NOT_DIFFERENTIABLE = {"input", "param", "state", "constant", "const", "eq", "step", "gelu_grad", "cast", "one_hot"}
+NOT_DIFFERENTIABLE = {"input", "param", "state", "constant", "const", "eq", "step", "gelu_grad", "cast", "one_hot", "nonfinite"}
 
 from . import ops_nn  # noqa: E402,F401  (registers the neural-network rows)
