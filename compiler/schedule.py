@@ -63,14 +63,15 @@ def schedule(graph: Graph) -> Schedule:
 
     # 1. inline elementwise nodes read element for element by elementwise users only
     inlined = set()
+    recompute = _recomputable(graph, live, pinned)
     for i in sorted(live, reverse=True):
         n = nodes[i]
         if not is_elementwise(n.op) or i in pinned or n.op == "const":
             continue
         readers = _readers(graph, i, users, live)
         ok = readers and all(is_elementwise(nodes[u].op) and flat_read(graph, u, p) for u, p in readers)
-        cheap = len({u for u, _ in readers}) == 1 or _cheap(graph, i)
-        if (ok and cheap) or _reduce_prologue(graph, i, readers):
+        cheap = len({u for u, _ in readers}) == 1 or _cheap(graph, i) or i in recompute
+        if (ok and cheap) or _reduce_prologue(graph, i, readers, i in recompute):
             inlined.add(i)
 
     # a fused chain must fit the device's bindings: materialize inner nodes until it does
@@ -180,8 +181,10 @@ def _fuse_epilogues(graph, kernels, users, live, pinned):
     computes that kernel in its store instead (bias, activation, residual): one dispatch
     and one tensor fewer."""
     nodes = graph.nodes
-    owner = {r: k for k, ker in enumerate(kernels) for r in list(ker.roots) + list(ker.members)
-             if ker.kind == "elementwise"}
+    owner = {}  # node -> the kernels computing it (several when it is recomputed in each reader)
+    for k, ker in enumerate(kernels):
+        for r in list(ker.roots) + list(ker.members):
+            owner.setdefault(r, set()).add(k if ker.kind == "elementwise" else None)
     assigned = {base_of(graph, v) for v in graph.assigns.values()}
     gone = set()
     for k, ker in enumerate(kernels):
@@ -191,7 +194,7 @@ def _fuse_epilogues(graph, kernels, users, live, pinned):
         if m in pinned:
             continue
         readers = _readers(graph, m, users, live)
-        consumers = {owner.get(u) for u, _ in readers}
+        consumers = set().union(*(owner.get(u, {None}) for u, _ in readers))
         if len(consumers) != 1 or None in consumers:
             continue
         e = consumers.pop()
@@ -216,10 +219,44 @@ def _is_reduce(op: str) -> bool:
     return OPS[op].lowering[:2] == ("kernel", "reduce")
 
 
-def _reduce_prologue(graph, i, readers) -> bool:
-    """An elementwise value read only by one reduction is computed in that reduction's
-    loads (nonfinite flags, squares, products summed for a gradient): no tensor, no kernel."""
-    return len(readers) == 1 and readers[0][1] == 0 and _is_reduce(graph.nodes[readers[0][0]].op)
+def _reduce_prologue(graph, i, readers, recomputable=False) -> bool:
+    """An elementwise value read only by one reduction (or, when cheap to recompute, by
+    reductions and elementwise kernels) is computed in the reductions' loads (nonfinite
+    flags, squares, products summed for a gradient): no tensor, no kernel."""
+    if len(readers) == 1:
+        return readers[0][1] == 0 and _is_reduce(graph.nodes[readers[0][0]].op)
+    return recomputable and all((p == 0 and _is_reduce(graph.nodes[u].op))
+                                or (is_elementwise(graph.nodes[u].op) and flat_read(graph, u, p)) for u, p in readers)
+
+
+RECOMPUTE_OPS = 6  # longest elementwise chain recomputed in each reader instead of stored
+
+
+def _recomputable(graph, live, pinned) -> set:
+    """Elementwise values cheaper to recompute in every reader than to keep: a short chain
+    over ONE stored tensor of their size plus smaller (broadcast) operands, e.g. a batch
+    norm's x - mean, its normalised x, its affine output. Training then keeps the
+    convolution's output alive for the backward pass, as PyTorch does, not four copies."""
+    nodes = graph.nodes
+    chain, big = {}, {}  # node -> ops recomputed, the stored same-size tensors it reads
+    for i in sorted(live):
+        n = nodes[i]
+        if not is_elementwise(n.op) or n.op in ("const", "transpose", "slice", "pad", "one_hot") or i in pinned:
+            continue
+        ops, reads = 1, set()
+        for j in n.inputs:
+            b = base_of(graph, j)
+            if nodes[b].size < n.size or nodes[b].op == "const":
+                continue
+            if b in chain:
+                ops += chain[b]
+                reads |= big[b]
+            else:
+                reads.add(b)
+        if ops <= RECOMPUTE_OPS and len(reads) <= 1 and all(flat_read(graph, i, p) or nodes[base_of(graph, j)].size < n.size
+                                                           for p, j in enumerate(n.inputs)):
+            chain[i], big[i] = ops, reads
+    return set(chain)
 
 
 def _readers(graph, i, users, live):
