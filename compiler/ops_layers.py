@@ -146,7 +146,8 @@ def _causal_mask(s, t):
     return np.where(np.arange(t)[None, :] <= np.arange(s)[:, None] + (t - s), 0.0, -np.inf)
 
 
-def _attention_ref(xs, at):
+def _scores_ref(xs, at):
+    """Scaled, masked scores [b, hq, s, t], with k and v repeated over each query group."""
     q, k, v = xs[:3]
     rep = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
@@ -155,14 +156,19 @@ def _attention_ref(xs, at):
         s = s + _causal_mask(q.shape[2], k.shape[2])
     if len(xs) > 3:
         s = s + xs[3]
+    return s, k, v
+
+
+def _attention_ref(xs, at):
+    s, _, v = _scores_ref(xs, at)
     s = np.exp(s - s.max(axis=-1, keepdims=True))
     return (s / s.sum(axis=-1, keepdims=True)) @ v
 
 
-def _d_attention(e, n):
-    """Grouped-query heads share a key/value head without copies: queries of one group
-    are stacked as extra rows of one matmul."""
-    q, k, v = n.inputs[:3]
+def _d_scores(e, n):
+    """Scores as [b, hk, rep * s, t]: grouped-query heads share a key/value head without
+    copies, the queries of one group stacked as extra rows of one matmul."""
+    q, k = n.inputs[:2]
     b, hq, s, d = e.shape(q)
     hk, t = e.shape(k)[1], e.shape(k)[2]
     rep = hq // hk
@@ -178,14 +184,105 @@ def _d_attention(e, n):
         mk = ms[1]
         mask = e.reshape(mask, (ms[0], hk if mk != 1 else 1, rep if mk != 1 else 1, ms[2], ms[3]))
         scores = e.op("add", scores, mask)
-    p = e.reshape(e.op("softmax", e.reshape(scores, (b, hk, rep * s, t))), (b, hk, rep * s, t))
-    out = e.op("matmul", p, v)
+    return e.reshape(scores, (b, hk, rep * s, t))
+
+
+def _d_attention(e, n):
+    q, v = n.inputs[0], n.inputs[2]
+    b, hq, s, _ = e.shape(q)
+    out = e.op("matmul", e.op("softmax", _d_scores(e, n)), v)
     return e.reshape(out, (b, hq, s, e.shape(v)[3]))
 
 
+def _g_attention(e, n, i, g):
+    """Where the fused forward runs, the fused backward does too: the forward kernel also
+    writes each row's log-sum-exp, and attention_grad rows (one kernel, see codegen_nn)
+    recompute the probabilities from it, block by block, never [tokens x tokens] in memory.
+    Elsewhere (an extra mask, odd head dims) the decomposition is differentiated."""
+    from .prepare import _fused_attention_fits
+
+    if not (_fused_attention_fits(n, e.g) and backward_blocks(e.shape(n.inputs[0])[3])):
+        return _via(e, n, i, g)
+    q, k, v = n.inputs
+    lse = e.op("attention_lse", q, k, v, **dict(n.attrs))
+    return [e.op("attention_grad", q, k, v, i, g, lse, wrt=w, **dict(n.attrs)) for w in range(3)]
+
+
+def backward_blocks(d: int, budget: int = 32768):
+    """Block sizes (dQ kernel: queries, keys; dK/dV kernel: keys, queries) whose workgroup
+    tiles fit `budget` bytes (lavapipe's and most mobile GPUs' limit), largest first, or
+    None: then the decomposition's gradient runs."""
+    stride = d // 4 + 1  # vec4s per tile row, padded by one: no bank conflicts across rows
+    sizes = ((32, 32), (32, 16), (16, 16), (16, 8), (8, 8))
+    dq = next(((a, c) for a, c in sizes if 4 * (8 * stride * (a + c) + a * c + 2 * a) <= budget), None)
+    dkv = next(((a, c) for a, c in sizes if 4 * (8 * stride * (a + c) + 2 * a * c) <= budget), None)
+    return (dq, dkv) if dq and dkv else None
+
+
+def _attention_lse_shape(nodes, at):
+    return "f32", _attention_shape(nodes, at)[1][:3]
+
+
+def _attention_lse_ref(xs, at):
+    s, _, _ = _scores_ref(xs, at)
+    m = s.max(axis=-1, keepdims=True)
+    return (m + np.log(np.exp(s - m).sum(axis=-1, keepdims=True)))[..., 0]
+
+
+def _d_attention_lse(e, n):
+    s = _d_scores(e, n)
+    m = e.op("reduce_max", s, axes=(-1,), keepdims=True)
+    lse = e.op("add", e.op("log", e.op("reduce_sum", e.op("exp", e.op("sub", s, m)), axes=(-1,), keepdims=True)), m)
+    return e.reshape(lse, n.shape)
+
+
+def _attention_grad_shape(nodes, at):
+    _, out = _attention_shape(nodes[:3], at)
+    assert nodes[3].shape == nodes[4].shape == out, f"o {nodes[3].shape} and do {nodes[4].shape} must be {out}"
+    assert nodes[5].shape == out[:3], f"the log-sum-exp {nodes[5].shape} must be {out[:3]}"
+    return "f32", nodes[int(at["wrt"])].shape
+
+
+def _attention_grad_ref(xs, at):
+    """d sum(attention(q, k, v) * do) / d (q, k or v: input `wrt`); o and lse (the forward's
+    outputs, which the kernel reads) are recomputed here."""
+    q, k, _, _, do, _ = xs
+    s, kr, vr = _scores_ref(xs[:3], at)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    dp = do @ np.swapaxes(vr, -1, -2)
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    scale = _attention_scale(at, q.shape[-1])
+    w = int(at["wrt"])
+    if w == 0:
+        return ds @ kr * scale
+    full = np.swapaxes(ds, -1, -2) @ q * scale if w == 1 else np.swapaxes(p, -1, -2) @ do
+    b, hk = k.shape[:2]
+    return full.reshape(b, hk, q.shape[1] // hk, *full.shape[2:]).sum(axis=2)  # a group shares k and v
+
+
+def _d_attention_grad(e, n):
+    """The gradient by differentiating attention's decomposition: the reference path, and
+    what this op's own gradient (second order) differentiates in turn."""
+    from .autodiff import vjp
+    from .ir import Node
+
+    q, k, v, o, do, _ = n.inputs
+    ins = [q, k, v]
+    if len(set(ins)) < 3:  # one node in two roles: proxies keep the roles' gradients apart
+        ins = [e.op("broadcast_to", x, shape=e.shape(x)) for x in ins]
+    fwd = Node("attention", "f32", e.shape(o), tuple(ins), tuple(a for a in n.attrs if a[0] != "wrt"))
+    grads = vjp(e, _d_attention(e, fwd), do, ins)
+    return grads[ins[int(n.attr("wrt"))]]
+
+
 # one fused kernel forward (prepare() decomposes the cases it does not cover); the gradient
-# differentiates the decomposition
-row("attention", _attention_shape, _attention_ref, _via, ("kernel", "attention", _d_attention))
+# is two fused kernels where the forward is fused, else it differentiates the decomposition
+row("attention", _attention_shape, _attention_ref, _g_attention, ("kernel", "attention", _d_attention))
+# the forward's second output, attention's gradient: kernels of the "attention" family;
+# each also decomposes, which their own gradients differentiate
+row("attention_lse", _attention_lse_shape, _attention_lse_ref, _via, ("kernel", "attention", _d_attention_lse))
+row("attention_grad", _attention_grad_shape, _attention_grad_ref, _via, ("kernel", "attention", _d_attention_grad))
 
 
 def _rope_shape(nodes, at):

@@ -16,6 +16,15 @@ from .ir import Graph
 from .ops import OPS
 
 MAX_BINDINGS = 10  # storage buffers per kernel; every wgpu backend on desktop and mobile allows more
+# inputs an op's kernel reads through (batch, head, token) strides: a [b, t, h, d] -> [b, h, t, d]
+# transpose in front of them needs no kernel (attention's q, k, v; its gradient's dO too)
+STRIDED_READS = {"attention": (0, 1, 2), "attention_lse": (0, 1, 2), "attention_grad": (0, 1, 2, 3, 4)}
+# ops whose kernel can write its output in [b, t, h, d] layout, so that the transpose back to
+# it (the only other reader being strided reads, which then read that layout) needs no kernel
+STRIDED_WRITES = ("attention", "attention_grad")
+# kernel kinds that compute several outputs from the same inputs: nodes of such a kind with equal
+# inputs and attributes (but `wrt`) share one kernel (attention and its log-sum-exp; dQ, dK, dV)
+SIBLING_KINDS = ("attention",)
 
 
 def is_elementwise(op: str) -> bool:
@@ -47,6 +56,7 @@ class Schedule:
     kernels: list  # in execution order
     inlined: set
     views: dict = field(default_factory=dict)  # head transposes read in place by attention -> their input
+    written: dict = field(default_factory=dict)  # attention outputs written in [b, t, h, d] layout -> transpose
 
 
 def base_of(graph: Graph, i: int) -> int:
@@ -96,12 +106,24 @@ def schedule(graph: Graph) -> Schedule:
         if n.op == "transpose" and i not in pinned and i not in inlined and len(n.shape) == 4 \
                 and tuple(n.attr("perm")) == (0, 2, 1, 3):
             readers = [(u, p) for u in users[i] if u in live for p, j in enumerate(nodes[u].inputs) if j == i]
-            if readers and all(nodes[u].op == "attention" and p < 3 for u, p in readers):
+            if readers and all(p in STRIDED_READS.get(nodes[u].op, ()) for u, p in readers):
                 views[i] = base_of(graph, n.inputs[0])
+    written = {}
+    for i in sorted(live):
+        n = nodes[i]
+        src = n.inputs[0] if n.inputs else None
+        if n.op == "transpose" and i not in views and i not in pinned and i not in inlined and len(n.shape) == 4 \
+                and tuple(n.attr("perm")) == (0, 2, 1, 3) and nodes[src].op in STRIDED_WRITES and src not in pinned \
+                and src not in written:
+            readers = _readers(graph, src, users, live)
+            if all((u, p) == (i, 0) or p in STRIDED_READS.get(nodes[u].op, ()) for u, p in readers):
+                written[src] = i
+    aliases = {**views, **{t: w for w, t in written.items()}}  # kernels reading these wait for the writer
     roots = [i for i in sorted(live) if nodes[i].op not in ("input", "param", "state", "constant", "const", "reshape")
-             and i not in inlined and i not in views]
+             and i not in inlined and i not in aliases]
     kernel_of = {}
     kernels = []
+    siblings = {}  # (kind, inputs, attributes) -> kernel, for SIBLING_KINDS
     anc_k = []  # kernel index -> bitset of the kernels it depends on, transitively closed
 
     def bits_of(j):  # what reading materialized value j depends on
@@ -111,7 +133,7 @@ def schedule(graph: Graph) -> Schedule:
     for r in roots:
         n = nodes[r]
         members = _members(graph, r, inlined) if is_elementwise(n.op) or _is_reduce(n.op) else {r}
-        ext = {views.get(x, x) for x in _external_reads(graph, members)}
+        ext = {aliases.get(x, x) for x in _external_reads(graph, members)}
         target = None
         if is_elementwise(n.op):
             # join a kernel whose output we read, unless another input depends on that kernel
@@ -135,11 +157,17 @@ def schedule(graph: Graph) -> Schedule:
         dep = 0
         for x in ext:
             dep |= bits_of(x)
+        sib = None
+        if not is_elementwise(n.op) and OPS[n.op].lowering[1] in SIBLING_KINDS:
+            sib = (OPS[n.op].lowering[1], n.inputs, tuple(a for a in n.attrs if a[0] != "wrt"))
+            target = siblings.get(sib)
         if target is None:
             kind = "elementwise" if is_elementwise(n.op) else OPS[n.op].lowering[1]
             kernels.append(Kernel(kind, []))
             anc_k.append(0)
             target = len(kernels) - 1
+            if sib is not None:
+                siblings[sib] = target
         k = kernels[target]
         k.roots.append(r)
         k.members |= members
@@ -155,7 +183,7 @@ def schedule(graph: Graph) -> Schedule:
     kernels, kernel_of = _fuse_epilogues(graph, kernels, users, live, pinned)
 
     # 3. storage: views share their base's buffer; assigns write into their target
-    storage = {}
+    storage = {t: w for w, t in written.items()}  # the transpose's layout is the writer's buffer's
     leaves = {nodes[i].attr("name"): i for i, n in enumerate(nodes) if n.op in ("param", "state")}
     inplace = {}
     outputs = {base_of(graph, o) for o in graph.outputs.values()}
@@ -173,7 +201,7 @@ def schedule(graph: Graph) -> Schedule:
             base = base_of(graph, i)
             storage[i] = storage.get(base, base)
     order = _order(graph, kernels, kernel_of, inplace)
-    return Schedule(graph, storage, [kernels[k] for k in order], inlined, views)
+    return Schedule(graph, storage, [kernels[k] for k in order], inlined, views, written)
 
 
 def _fuse_epilogues(graph, kernels, users, live, pinned):

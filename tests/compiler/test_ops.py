@@ -575,6 +575,51 @@ for _q, _k, _v, _m, _at in _ATTN:
              lambda t, _at=_at: _attention_torch(t, **_at), wrt=("a", "b", "v"))
 
 
+def _scores_t(t, causal=False, scale=None):
+    q, k = t["a"], t["b"]
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
+    s = q @ k.transpose(-1, -2) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if causal:
+        sq, tk = q.shape[2], k.shape[2]
+        s = s.masked_fill(~(torch.arange(tk)[None, :] <= torch.arange(sq)[:, None] + (tk - sq)), -math.inf)
+    return s
+
+
+def _attention_grad_t(t, wrt, **at):
+    """attention's gradient w.r.t. q, k or v (create_graph: the case differentiates it again)."""
+    x = [t["a"], t["b"], t["v"]]
+    if not x[wrt].requires_grad:  # v, when the case does not differentiate dV by it (no part in it)
+        x[wrt] = x[wrt].detach().requires_grad_()
+    o = _attention_torch(dict(zip("abv", x)), **at)
+    return torch.autograd.grad(o, x[wrt], t["do"], create_graph=True)[0]
+
+
+# the fused backward's rows: the forward's log-sum-exp, and the gradient itself (its own
+# gradient, second order, differentiates attention's decomposition); o and lse are inputs
+# that the kernel trusts, so they are made from q, k, v here
+for _q, _k, _v, _at in (((2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8), {"causal": True}),
+                        ((1, 3, 9, 4), (1, 3, 9, 4), (1, 3, 9, 4), {"scale": 0.3})):
+    _id = f"attention_lse-{_sh(_q)}-{_sh(_k)}" + "".join(f"-{k}" for k in sorted(_at))
+    _r = _rng(_id)
+    add_case(_id, "attention_lse", {"a": normal(_r, _q), "b": normal(_r, _k), "v": normal(_r, _v)},
+             lambda b, t, _at=_at: b.op("attention_lse", t["a"], t["b"], t["v"], **_at),
+             lambda t, _at=_at: torch.logsumexp(_scores_t(t, **_at), -1), wrt=("a", "b"))
+for _w, (_q, _k, _v, _at) in enumerate((((2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8), {"causal": True}),
+                                        ((1, 2, 6, 4), (1, 1, 6, 4), (1, 1, 6, 4), {"scale": 0.3}),
+                                        ((2, 2, 3, 8), (2, 2, 5, 8), (2, 2, 5, 8), {"causal": True}))):
+    _id = f"attention_grad-wrt{_w}-{_sh(_q)}-{_sh(_k)}" + "".join(f"-{k}" for k in sorted(_at))
+    _r = _rng(_id)
+    _ins = {"a": normal(_r, _q), "b": normal(_r, _k), "v": normal(_r, _v), "do": normal(_r, _q)}
+    _tt = {k: torch.tensor(x) for k, x in _ins.items()}
+    _ins["o"] = f32(_attention_torch(_tt, **_at).numpy())
+    _ins["lse"] = f32(torch.logsumexp(_scores_t(_tt, **_at), -1).numpy())
+    add_case(_id, "attention_grad", _ins,
+             lambda b, t, _w=_w, _at=_at: b.op("attention_grad", *[t[k] for k in ("a", "b", "v", "o", "do", "lse")],
+                                               wrt=_w, **_at),
+             lambda t, _w=_w, _at=_at: _attention_grad_t(t, _w, **_at),
+             wrt=("a", "b", "do") if _w == 2 else ("a", "b", "v", "do"))  # dV = P^T dO: v plays no part
+
+
 def _rope_t(t):
     x = t["a"]
     h = x.shape[-1] // 2

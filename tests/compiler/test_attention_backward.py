@@ -1,0 +1,188 @@
+"""Attention's fused backward (kernels/attention_dq.wgsl, attention_dkv.wgsl): dQ, dK and dV
+on the GPU against torch CPU autograd in float64, full tensors, for causal and full attention,
+grouped-query heads, odd token counts, head dims from 4 to 160 and batches above one; with
+head transposes read and written in place; and the training graph of a transformer, which
+must hold no [tokens x tokens] tensor any more."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from meganeura.compiler import Builder, compile_graph, compile_model, ops_layers
+from meganeura.compiler.autodiff import gradients
+from meganeura.compiler.codegen import generate
+from meganeura.compiler.prepare import prepare
+from meganeura.compiler.schedule import schedule
+from meganeura.runtime import Package, Session
+
+TOL = 1e-4
+
+# name: q shape, k (and v) shape, attributes
+CASES = {
+    "full-b2-7-d8": ((2, 4, 7, 8), (2, 4, 7, 8), {}),
+    "causal-gqa-b2-13-d16": ((2, 4, 13, 16), (2, 2, 13, 16), {"causal": True}),
+    "causal-more-keys-scale-b2-13x20": ((2, 3, 13, 16), (2, 3, 20, 16), {"causal": True, "scale": 0.3}),
+    "causal-gqa3-257-d64": ((1, 6, 257, 64), (1, 2, 257, 64), {"causal": True}),  # split forward, small blocks
+    "full-b3-257-d64": ((3, 6, 257, 64), (3, 6, 257, 64), {}),  # large blocks, 16 x 16 threads
+    "full-b2-9x11-d40": ((2, 3, 9, 40), (2, 3, 11, 40), {}),  # ten vec4 columns over eight threads
+    "causal-gqa-13-d160": ((1, 2, 13, 160), (1, 1, 13, 160), {"causal": True}),  # the smallest blocks
+    "causal-gqa-20x700-d8": ((1, 2, 20, 8), (1, 1, 700, 8), {"causal": True}),  # many key blocks
+    "causal-5x9-d4": ((1, 2, 5, 4), (1, 2, 9, 4), {"causal": True}),
+}
+
+
+def rel(a, b) -> float:
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def _torch_attention(q, k, v, causal=False, scale=None):
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = q @ k.transpose(-1, -2) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if causal:  # query i sees keys up to i + (t - s)
+        sq, tk = q.shape[2], k.shape[2]
+        s = s.masked_fill(~(torch.arange(tk)[None, :] <= torch.arange(sq)[:, None] + (tk - sq)), -math.inf)
+    return torch.softmax(s, -1) @ v
+
+
+def _labels(pkg):
+    return [pkg.manifest["kernels"][d["kernel"]]["label"] for d in pkg.programs["infer"]["dispatches"]]
+
+
+def _run(device, qs, ks, at, wrt="qkv", seed=0):
+    """Forward and the gradients w.r.t. `wrt` of sum(attention * ct): (ours, torch's, labels)."""
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    ins = {"q": b.input("q", qs), "k": b.input("k", ks), "v": b.input("v", ks)}
+    o = b.attention(ins["q"], ins["k"], ins["v"], **at)
+    ct = b.input("ct", o.shape)
+    grads = gradients(b.e, b.sum(o * ct).id, [ins[n].id for n in wrt])
+    b.output("o", o)
+    for n in wrt:
+        b.g.outputs["g" + n] = grads[ins[n].id]
+    vals = {"q": rng.standard_normal(qs), "k": rng.standard_normal(ks), "v": rng.standard_normal(ks),
+            "ct": rng.standard_normal(o.shape)}
+    vals = {n: x.astype(np.float32).astype(np.float64) for n, x in vals.items()}
+    pkg = Package.from_bytes(compile_graph(b.g))
+    got = Session(device, pkg).run("infer", vals)
+    t = {n: torch.tensor(vals[n], requires_grad=n in wrt) for n in "qkv"}
+    to = _torch_attention(t["q"], t["k"], t["v"], **at)
+    tg = torch.autograd.grad((to * torch.tensor(vals["ct"])).sum(), [t[n] for n in wrt])
+    ref = {"o": to.detach().numpy(), **{"g" + n: g.numpy() for n, g in zip(wrt, tg)}}
+    return got, ref, _labels(pkg)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fused_backward_matches_torch(name, device):
+    qs, ks, at = CASES[name]
+    got, ref, labels = _run(device, qs, ks, at)
+    assert "attention_dq" in labels and "attention_dkv" in labels, labels
+    assert not any(lab.startswith(("softmax", "matmul")) for lab in labels), labels
+    errors = {k: rel(got[k], r) for k, r in ref.items()}
+    assert max(errors.values()) <= TOL, errors
+
+
+def test_head_dims_past_the_tiles_fall_back_to_the_decomposition(device):
+    """d = 256: no block size fits 32 KiB of workgroup memory; the decomposition's gradient runs."""
+    got, ref, labels = _run(device, (1, 2, 13, 256), (1, 2, 13, 256), {})
+    assert "attention_dq" not in labels and "softmax" in labels, labels
+    errors = {k: rel(got[k], r) for k, r in ref.items()}
+    assert max(errors.values()) <= TOL, errors
+
+
+@pytest.mark.parametrize("wrt", ["q", "kv"])
+def test_only_some_gradients(wrt, device):
+    """Only dQ: no key-side kernel. Only dK, dV: the query-side kernel computes D alone."""
+    got, ref, labels = _run(device, (2, 4, 13, 8), (2, 2, 17, 8), {"causal": True}, wrt=wrt)
+    assert ("attention_dkv" in labels) == (wrt == "kv"), labels
+    errors = {k: rel(got[k], r) for k, r in ref.items()}
+    assert max(errors.values()) <= TOL, errors
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_transposes_are_read_and_written_in_place(causal, device):
+    """q, k, v built as [b, t, h, d] and transposed (as every transformer builds them), the output
+    transposed back: the backward reads dO and writes dQ, dK, dV through those transposes, the
+    forward writes its output through one; no transpose kernel is left. Weight gradients vs torch."""
+    rng = np.random.default_rng(3)
+    bsz, t, hq, hk, d = 2, 11, 4, 2, 8
+    b = Builder()
+    x = b.input("x", (bsz, t, 24))
+    ws = {n: rng.standard_normal((h * d, 24)) * 0.3 for n, h in (("q", hq), ("k", hk), ("v", hk))}
+    heads = [b.transpose(b.reshape(b.linear(x, b.param(f"{n}.weight", ws[n])), (bsz, t, h, d)), (0, 2, 1, 3))
+             for n, h in (("q", hq), ("k", hk), ("v", hk))]
+    o = b.attention(*heads, causal=causal)
+    y = b.reshape(b.transpose(o, (0, 2, 1, 3)), (bsz, t, hq * d))
+    y = b.linear(y, b.param("o.weight", rng.standard_normal((24, hq * d)) * 0.3))
+    ct = b.input("ct", y.shape)
+    params = {n: b.g.params[f"{n}.weight"] for n in "qkvo"}
+    grads = gradients(b.e, b.sum(y * ct).id, list(params.values()) + [x.id])
+    b.output("y", y)
+    b.g.outputs.update({f"g{n}": grads[i] for n, i in params.items()}, gx=grads[x.id])
+    pkg = Package.from_bytes(compile_graph(b.g))
+    labels = _labels(pkg)
+    assert not any("transpose" in lab for lab in labels), labels
+    assert labels.count("attention_dq") == labels.count("attention_dkv") == 1, labels
+    vals = {"x": rng.standard_normal((bsz, t, 24)), "ct": rng.standard_normal(y.shape)}
+    got = Session(device, pkg).run("infer", vals)
+    tw = {n: torch.tensor(np.asarray(b.g.values[f"{n}.weight"], np.float64), requires_grad=True) for n in "qkvo"}
+    tx = torch.tensor(vals["x"], requires_grad=True)
+    th = [torch.nn.functional.linear(tx, tw[n]).view(bsz, t, h, d).transpose(1, 2)
+          for n, h in (("q", hq), ("k", hk), ("v", hk))]
+    ty = torch.nn.functional.linear(_torch_attention(*th, causal=causal).transpose(1, 2).reshape(bsz, t, hq * d),
+                                    tw["o"])
+    (ty * torch.tensor(vals["ct"])).sum().backward()
+    ref = {"y": ty.detach().numpy(), "gx": tx.grad.numpy(), **{f"g{n}": tw[n].grad.numpy() for n in "qkvo"}}
+    errors = {k: rel(got[k], r) for k, r in ref.items()}
+    assert max(errors.values()) <= TOL, errors
+
+
+def _train_program(layers, monkeypatch=None):
+    """A DINOv2-small-like training step (257 tokens, 6 heads of 64): its dispatch labels, and how
+    many of its kernels write a [257 x 257] tensor."""
+    from meganeura.compiler.models.dinov2 import Dinov2Config, dinov2
+    from meganeura.compiler.training import TrainConfig, build_training_graph
+
+    cfg = Dinov2Config(hidden_size=384, num_hidden_layers=layers, num_attention_heads=6, image_size=518, patch_size=14)
+    g = prepare(build_training_graph(dinov2(cfg, batch=1, height=224, width=224).graph,
+                                     TrainConfig(loss="mse", optimizer="adamw", lr=1e-4)))
+    sched = schedule(g)
+    labels, square = [], 0
+    for k in sched.kernels:
+        code = generate(sched, k)
+        labels += [c.label for c in (code if isinstance(code, list) else [code])]
+        square += any(g.nodes[r].shape[-2:] == (257, 257) for r in k.roots)
+    return labels, square
+
+
+def test_training_graph_has_no_token_by_token_tensors(monkeypatch):
+    """Per layer, attention costs 2 forward dispatches (kernel and key-split merge) and 2 backward
+    ones; the decomposition's gradient (still the fallback) cost 12 more, 4 of them [257 x 257]."""
+    fused = {n: _train_program(n) for n in (1, 2)}
+    for n, (labels, square) in fused.items():
+        assert square == 0
+        assert labels.count("attention_dq") == labels.count("attention_dkv") == n, labels
+        assert not any(lab.startswith("softmax") for lab in labels), labels
+    per_layer = len(fused[2][0]) - len(fused[1][0])
+    monkeypatch.setattr(ops_layers, "backward_blocks", lambda d, budget=0: None)
+    old = {n: _train_program(n) for n in (1, 2)}
+    assert old[2][1] - old[1][1] == 4  # scores, probabilities, dP, dS
+    assert len(old[2][0]) - len(old[1][0]) - per_layer >= 12
+
+
+def test_compiled_training_package_runs_a_step(device):
+    """compile_model's train_step with the fused backward: one AdamW step on a tiny DINOv2 lowers
+    the loss (the whole program, weights updated in place, on the GPU)."""
+    from meganeura.compiler.models.dinov2 import Dinov2Config, dinov2
+    from meganeura.compiler.training import TrainConfig
+
+    cfg = Dinov2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, image_size=28, patch_size=14)
+    pkg = Package.from_bytes(compile_model(dinov2(cfg, batch=2, height=28, width=42),
+                                           TrainConfig(loss="mse", optimizer="adamw", lr=1e-2)))
+    labels = [pkg.manifest["kernels"][d["kernel"]]["label"] for d in pkg.programs["train_step"]["dispatches"]]
+    assert "attention_dq" in labels and "attention_dkv" in labels, labels
+    s = Session(device, pkg)
+    rng = np.random.default_rng(0)
+    feed = {"pixel_values": rng.standard_normal((2, 3, 28, 42)), "labels": rng.standard_normal((2, 7, 32))}
+    losses = [float(s.run("train_step", feed)["loss"]) for _ in range(3)]
+    assert losses[2] < losses[0], losses
