@@ -130,6 +130,12 @@ def schedule(graph: Graph) -> Schedule:
         k = kernel_of.get(j)
         return 0 if k is None else (1 << k) | anc_k[k]
 
+    leaf_of = {nodes[i].attr("name"): i for i in live if nodes[i].op in ("param", "state")}
+    inplace_of = {base_of(graph, v): leaf_of.get(name) for name, v in graph.assigns.items()}
+
+    def n_bindings(reads, roots):  # an in-place update reads and writes one buffer: one binding
+        return len({inplace_of.get(x) or x for x in reads} | {inplace_of.get(x) or x for x in roots})
+
     for r in roots:
         n = nodes[r]
         members = _members(graph, r, inlined) if is_elementwise(n.op) or _is_reduce(n.op) else {r}
@@ -150,7 +156,7 @@ def schedule(graph: Graph) -> Schedule:
                 if not all(flat_read(graph, m, p) for m in members
                            for p, x in enumerate(nodes[m].inputs) if base_of(graph, x) in kernels[k].roots):
                     continue  # a thread only holds the other outputs at its own index
-                if len((kernels[k].reads | ext) - set(kernels[k].roots)) + len(kernels[k].roots) + 1 > MAX_BINDINGS:
+                if n_bindings(kernels[k].reads | ext, kernels[k].roots + [r]) > MAX_BINDINGS:
                     continue
                 target = k
                 break
@@ -179,7 +185,10 @@ def schedule(graph: Graph) -> Schedule:
             for kk in range(len(kernels)):  # keep the closure: whoever waits for target waits for these
                 if (anc_k[kk] >> target) & 1:
                     anc_k[kk] |= new
+        if is_elementwise(n.op):
+            _absorb(graph, kernels, kernel_of, anc_k, target, ext, n_bindings)
 
+    kernels = [k for k in kernels if k.roots]  # (absorbed ones are empty)
     kernels, kernel_of = _fuse_epilogues(graph, kernels, users, live, pinned)
 
     # 3. storage: views share their base's buffer; assigns write into their target
@@ -202,6 +211,48 @@ def schedule(graph: Graph) -> Schedule:
             storage[i] = storage.get(base, base)
     order = _order(graph, kernels, kernel_of, inplace)
     return Schedule(graph, storage, [kernels[k] for k in order], inlined, views, written)
+
+
+def _absorb(graph, kernels, kernel_of, anc_k, target, ext, n_bindings):
+    """Other elementwise kernels of the same size whose outputs `target` now reads join it,
+    when neither waits for the other: AdamW's m, then v and the weight, were two kernels
+    per parameter (a root joins only one kernel as it is placed)."""
+    nodes = graph.nodes
+    kt = kernels[target]
+    for j in sorted(ext, reverse=True):
+        b = kernel_of.get(j)
+        if b is None or b == target or kernels[b].kind != "elementwise" or not kernels[b].roots:
+            continue
+        kb = kernels[b]
+        if nodes[kb.roots[0]].size != nodes[kt.roots[0]].size or _through_other(kernels, kernel_of, anc_k, target, b) \
+                or _through_other(kernels, kernel_of, anc_k, b, target):
+            continue
+        roots = set(kt.roots) | set(kb.roots)
+        if not all(flat_read(graph, m, p) for m in kt.members | kb.members
+                   for p, x in enumerate(nodes[m].inputs) if base_of(graph, x) in roots):
+            continue
+        if n_bindings(kt.reads | kb.reads, kt.roots + kb.roots) > MAX_BINDINGS:
+            continue
+        kt.roots += kb.roots
+        kt.members |= kb.members
+        kt.reads = (kt.reads | kb.reads) - roots
+        for x in kb.roots:
+            kernel_of[x] = target
+        kb.roots, kb.members, kb.reads = [], set(), set()
+        anc_k[target] |= anc_k[b]
+        for kk in range(len(kernels)):  # whoever waited for either now waits for the merged kernel
+            if kk != target and ((anc_k[kk] >> b) & 1 or (anc_k[kk] >> target) & 1):
+                anc_k[kk] |= (1 << target) | anc_k[target]
+
+
+def _through_other(kernels, kernel_of, anc_k, k, b) -> bool:
+    """Does kernel k wait for kernel b through a third kernel (so merging them would
+    make a cycle)? Reading b's outputs directly is fine: the merged kernel has them."""
+    for x in kernels[k].reads:
+        c = kernel_of.get(x)
+        if c is not None and c != b and (c == b or (anc_k[c] >> b) & 1):
+            return True
+    return False
 
 
 def _fuse_epilogues(graph, kernels, users, live, pinned):
