@@ -7,6 +7,7 @@ File layout (runtime/package.py reads it; docs/PACKAGE.md describes it):
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import struct
 
@@ -89,33 +90,8 @@ class PackageBuilder:
         for s in outs.values():
             if s not in buffer_of:
                 last[s] = end
-        free, peak, in_use = [], 0, 0
-        sizes = {}
-        starts, ends = {}, {}  # kernel -> storages first / last used there (a scan per kernel was quadratic)
-        for s, f in first.items():
-            starts.setdefault(f, []).append(s)
-        for s, l_ in last.items():
-            ends.setdefault(l_, []).append(s)
-        for k in range(end):
-            for s in starts.get(k, ()):
-                need = size_of(s)
-                fit = [b for b in free if self.buffers[b] >= need]
-                if fit:
-                    b = min(fit, key=lambda b: self.buffers[b])
-                    free.remove(b)
-                elif free:
-                    b = max(free, key=lambda b: self.buffers[b])
-                    free.remove(b)
-                    self.buffers[b] = need
-                else:
-                    b = self._buffer(need)
-                buffer_of[s] = b
-                sizes[b] = self.buffers[b]
-                in_use += need
-                peak = max(peak, in_use)
-            for s in ends.get(k, ()):
-                free.append(buffer_of[s])
-                in_use -= size_of(s)
+        buffer_of.update(_pack_by_lifetime(first, last, size_of, self._buffer, self.buffers))
+        peak = _peak(first, last, size_of, end)
         outputs = {}
         for oname, s in outs.items():
             n = g.nodes[g.outputs[oname]]
@@ -168,6 +144,40 @@ class PackageBuilder:
         # the trailing digest covers everything up to the blob; the manifest holds the blob's
         # own sha256, so the weights are hashed once (3.2 GB for an SD-size U-Net)
         return b"".join([head, *blob_parts, hashlib.sha256(head).digest()])
+
+
+def _pack_by_lifetime(first: dict, last: dict, size_of, new_buffer, buffers) -> dict:
+    """Storage -> buffer. Largest tensors first, each into the first buffer none of whose
+    tensors is alive at the same time (so a buffer is as big as its first tensor), else a
+    new buffer. Placing in time order and growing buffers to fit left 10-20% of the bytes
+    unused (Whisper-tiny training: 34 of 303 MB)."""
+    placed = {}
+    spans = []  # per buffer of this program: (buffer, [(first, last), ...] sorted)
+    for s in sorted(first, key=lambda s: (-size_of(s), first[s], s)):
+        f, l_ = first[s], last[s]
+        for b, busy in spans:
+            i = bisect.bisect_left(busy, (f, -1))
+            if (i == len(busy) or busy[i][0] > l_) and (i == 0 or busy[i - 1][1] < f):
+                busy.insert(i, (f, l_))
+                placed[s] = b
+                break
+        else:
+            b = new_buffer(size_of(s))
+            spans.append((b, [(f, l_)]))
+            placed[s] = b
+    return placed
+
+
+def _peak(first: dict, last: dict, size_of, end: int) -> int:
+    delta = [0] * (end + 2)
+    for s, f in first.items():
+        delta[f] += size_of(s)
+        delta[last[s] + 1] -= size_of(s)
+    peak = live = 0
+    for d in delta:
+        live += d
+        peak = max(peak, live)
+    return peak
 
 
 def _safetensors_parts(tensors: dict):

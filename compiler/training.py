@@ -150,8 +150,9 @@ def _reject_nonfinite(e, loss, grads):
         counts = [e.op("add", a, b) for a, b in zip(counts[::2], counts[1::2])] + counts[len(counts) & ~1:]
     ok = e.op("eq", counts[0], e.const(0.0))
     g = e.g
+    params = g.params  # (a property that walks the graph: once)
     for name, new in list(g.assigns.items()):
-        old = g.params[name] if name in g.params else g.named[("state", name)]
+        old = params[name] if name in params else g.named[("state", name)]
         g.assigns[name] = e.op("where", ok, new, old)
     skipped = e.leaf("state", "optimizer.skipped_steps", (), "f32")
     g.assigns["optimizer.skipped_steps"] = e.op("add", skipped, e.op("sub", e.const(1.0), ok))
