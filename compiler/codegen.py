@@ -96,7 +96,7 @@ def per_output(bindings: str, total: int, body: str, prelude: str = "") -> str:
     return render("elementwise", PRELUDE=prelude, BINDINGS=bindings, TOTAL=total, COORDS="", BODY=body)
 
 
-def ew_code(sched: Schedule, members, roots, bind: "_Bindings", given: dict | None = None):
+def ew_code(sched: Schedule, members, roots, bind: "_Bindings", given: dict | None = None, names: dict | None = None):
     """WGSL lines computing elementwise `members` at flat index `idx` and storing `roots`.
     `given` maps node ids to expressions already in scope (a matmul's accumulator `v`).
     Returns (coordinate lines, body lines, whether the prelude's helpers are used)."""
@@ -105,6 +105,12 @@ def ew_code(sched: Schedule, members, roots, bind: "_Bindings", given: dict | No
     given = given or {}
     coords, body, reads, body_coords = {}, [], {}, []
     uses_prelude = False
+    # values are named by order of appearance, not node id: the same chain in every layer
+    # is one WGSL text, so one kernel and one pipeline (node ids made 12 copies of each)
+    names = {} if names is None else names
+
+    def nm(m):
+        return names.setdefault(m, f"ev{len(names)}")
 
     def coord(shape):
         if shape not in coords:
@@ -123,7 +129,7 @@ def ew_code(sched: Schedule, members, roots, bind: "_Bindings", given: dict | No
         if nodes[b].op == "const":
             return f32_literal(nodes[b].attr("value"))
         if b in members:
-            return f"v{b}"
+            return nm(b)
         name = bind.use(b)
         if flat_read(g, m, p):
             key = (b, "flat")
@@ -152,12 +158,12 @@ def ew_code(sched: Schedule, members, roots, bind: "_Bindings", given: dict | No
             fmt["i_last"] = coord(n.shape)[-1]
         expr = low.format(*[operand(m, p) for p in range(len(n.inputs))], **fmt)
         uses_prelude |= "mn_" in expr
-        body.append(f"    let v{m}: {_wtype(n.dtype)} = {expr};")
+        body.append(f"    let {nm(m)}: {_wtype(n.dtype)} = {expr};")
     for r in roots:
         for key in reads:
             if bind.st(key[0]) == bind.st(r) and key[1] != "flat":
                 raise RuntimeError(f"kernel writes {r} in place while reading it at other indices")
-        body.append(f"    {bind.use(r, write=True)}[idx] = v{r};")
+        body.append(f"    {bind.use(r, write=True)}[idx] = {nm(r)};")
     return body_coords, body, uses_prelude
 
 
@@ -223,8 +229,9 @@ def _reduce(sched: Schedule, k: Kernel) -> KernelCode:
     bind = _Bindings(g, sched.storage)
     chain = k.members - {r}  # an elementwise prologue computed in the loads
     if chain:
-        coords, body, uses_prelude = ew_code(sched, chain, [], bind)
-        load = "fn load(idx: u32) -> f32 {\n" + "\n".join(coords + body) + f"\n    return v{base_of(g, x)};\n}}"
+        names = {}
+        coords, body, uses_prelude = ew_code(sched, chain, [], bind, names=names)
+        load = "fn load(idx: u32) -> f32 {\n" + "\n".join(coords + body) + f"\n    return {names[base_of(g, x)]};\n}}"
         if uses_prelude:
             load = render("prelude") + "\n" + load
     else:
