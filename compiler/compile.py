@@ -12,14 +12,16 @@ from .training import ROW_MASK, TrainConfig, build_training_graph
 
 
 def compile_model(model: Model, train: TrainConfig | None = None, source: dict | None = None,
-                  progress=None) -> bytes:
+                  progress=None, share_scratch: bool = False) -> bytes:
     """Compile `model` into package bytes: program "infer", and "train_step" with `train`.
 
     `progress(step_name)` is called before each stage (the CLI shows a progress bar).
+    `share_scratch`: infer and train_step share scratch buffers (less memory), for hosts
+    that never run inference between the chunks of a training step.
     """
     t0 = time.perf_counter()
     step = progress or (lambda name: None)
-    pb = PackageBuilder(__version__)
+    pb = PackageBuilder(__version__, share_scratch)
     step("forward graph")
     fwd = prepare(model.graph)
     step("schedule inference")

@@ -28,8 +28,13 @@ def nbytes(node) -> int:
 
 
 class PackageBuilder:
-    def __init__(self, compiler_version: str):
+    def __init__(self, compiler_version: str, share_scratch: bool = False):
+        """`share_scratch`: programs draw their scratch buffers from one pool. Only for
+        packages whose programs never interleave (a frame scheduler cutting a training step
+        across frames while inference runs between its chunks needs them private)."""
         self.version = compiler_version
+        self.share_scratch = share_scratch
+        self.scratch = []  # scratch buffers of the programs added so far
         self.buffers = []  # sizes in bytes
         self.tensors = []  # manifest entries
         self.leaf_tensor = {}  # leaf name -> tensor index
@@ -90,7 +95,10 @@ class PackageBuilder:
         for s in outs.values():
             if s not in buffer_of:
                 last[s] = end
-        buffer_of.update(_pack_by_lifetime(first, last, size_of, self._buffer, self.buffers))
+        placed = _pack_by_lifetime(first, last, size_of, self._buffer, self.buffers,
+                                   self.scratch if self.share_scratch else [])
+        self.scratch = sorted(set(self.scratch) | set(placed.values()))
+        buffer_of.update(placed)
         peak = _peak(first, last, size_of, end)
         outputs = {}
         for oname, s in outs.items():
@@ -146,16 +154,19 @@ class PackageBuilder:
         return b"".join([head, *blob_parts, hashlib.sha256(head).digest()])
 
 
-def _pack_by_lifetime(first: dict, last: dict, size_of, new_buffer, buffers) -> dict:
+def _pack_by_lifetime(first: dict, last: dict, size_of, new_buffer, buffers, pool=()) -> dict:
     """Storage -> buffer. Largest tensors first, each into the first buffer none of whose
     tensors is alive at the same time (so a buffer is as big as its first tensor), else a
     new buffer. Placing in time order and growing buffers to fit left 10-20% of the bytes
     unused (Whisper-tiny training: 34 of 303 MB)."""
     placed = {}
-    spans = []  # per buffer of this program: (buffer, [(first, last), ...] sorted)
+    # per buffer: (buffer, [(first, last), ...] sorted); `pool`: other programs' buffers, free here
+    spans = [(b, []) for b in sorted(pool, key=lambda b: -buffers[b])]
     for s in sorted(first, key=lambda s: (-size_of(s), first[s], s)):
         f, l_ = first[s], last[s]
         for b, busy in spans:
+            if buffers[b] < size_of(s):
+                continue
             i = bisect.bisect_left(busy, (f, -1))
             if (i == len(busy) or busy[i][0] > l_) and (i == 0 or busy[i - 1][1] < f):
                 busy.insert(i, (f, l_))

@@ -54,3 +54,24 @@ def test_infer_caches_features_and_training_reads_them(device):
     # the training program holds no backbone kernel: only the head's matmuls
     labels_of = [pkg.manifest["kernels"][d["kernel"]]["label"] for d in pkg.programs["train_head"]["dispatches"]]
     assert labels_of.count("matmul") == 2, labels_of  # forward, and the weight gradient
+
+
+def test_shared_scratch_runs_the_same_in_less_memory(device):
+    """compile_model(share_scratch=True): infer and train_step draw scratch from one pool;
+    alternating them gives exactly the private-scratch package's results."""
+    from meganeura.compiler import compile_model
+
+    rng = np.random.default_rng(4)
+    b = Builder()
+    x = b.input("x", (16, 12))
+    h = b.gelu(b.linear(x, b.param("fc1.weight", rng.standard_normal((32, 12)) * 0.3), b.param("fc1.bias", np.zeros(32))))
+    b.output("logits", b.linear(h, b.param("fc2.weight", rng.standard_normal((5, 32)) * 0.3), b.param("fc2.bias", np.zeros(5))))
+    model, cfg = b.build(), TrainConfig(optimizer="adamw", lr=0.01)
+    private = Package.from_bytes(compile_model(model, cfg))
+    shared = Package.from_bytes(compile_model(model, cfg, share_scratch=True))
+    assert shared.manifest["memory"]["buffer_bytes"] < private.manifest["memory"]["buffer_bytes"]
+    a, s = Session(device, private), Session(device, shared)
+    for step in range(3):
+        batch = {"x": rng.standard_normal((16, 12)), "labels": rng.integers(0, 5, 16)}
+        np.testing.assert_array_equal(a.run("train_step", batch)["loss"], s.run("train_step", batch)["loss"])
+        np.testing.assert_array_equal(a.run("infer", {"x": batch["x"]})["logits"], s.run("infer", {"x": batch["x"]})["logits"])
