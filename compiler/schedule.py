@@ -133,6 +133,8 @@ def schedule(graph: Graph) -> Schedule:
     leaf_of = {nodes[i].attr("name"): i for i in live if nodes[i].op in ("param", "state")}
     inplace_of = {base_of(graph, v): leaf_of.get(name) for name, v in graph.assigns.items()}
 
+    sharing = {}  # stored value -> elementwise kernels of its size reading it (horizontal merges)
+
     def n_bindings(reads, roots):  # an in-place update reads and writes one buffer: one binding
         return len({inplace_of.get(x) or x for x in reads} | {inplace_of.get(x) or x for x in roots})
 
@@ -186,9 +188,13 @@ def schedule(graph: Graph) -> Schedule:
                 if (anc_k[kk] >> target) & 1:
                     anc_k[kk] |= new
         if is_elementwise(n.op):
-            _absorb(graph, kernels, kernel_of, anc_k, target, ext, n_bindings)
+            for x in ext:
+                if nodes[x].size == n.size:
+                    sharing.setdefault(x, set()).add(target)
+            _absorb(graph, kernels, kernel_of, anc_k, target, ext, n_bindings, sharing)
 
     kernels = [k for k in kernels if k.roots]  # (absorbed ones are empty)
+    _keep_in_registers(graph, kernels, users, live, pinned)
     kernels, kernel_of = _fuse_epilogues(graph, kernels, users, live, pinned)
 
     # 3. storage: views share their base's buffer; assigns write into their target
@@ -213,14 +219,16 @@ def schedule(graph: Graph) -> Schedule:
     return Schedule(graph, storage, [kernels[k] for k in order], inlined, views, written)
 
 
-def _absorb(graph, kernels, kernel_of, anc_k, target, ext, n_bindings):
-    """Other elementwise kernels of the same size whose outputs `target` now reads join it,
-    when neither waits for the other: AdamW's m, then v and the weight, were two kernels
-    per parameter (a root joins only one kernel as it is placed)."""
+def _absorb(graph, kernels, kernel_of, anc_k, target, ext, n_bindings, sharing):
+    """Other elementwise kernels of the same size join `target` when neither waits for the
+    other: those whose outputs it reads, and those reading the same stored tensor (AdamW's
+    m, v and weight updates of one parameter, each reading its gradient, were 2-3 kernels;
+    a root joins only one kernel as it is placed)."""
     nodes = graph.nodes
     kt = kernels[target]
-    for j in sorted(ext, reverse=True):
-        b = kernel_of.get(j)
+    candidates = [kernel_of.get(j) for j in sorted(ext, reverse=True)]
+    candidates += sorted({k for x in ext for k in sharing.get(x, ())})
+    for b in candidates:
         if b is None or b == target or kernels[b].kind != "elementwise" or not kernels[b].roots:
             continue
         kb = kernels[b]
@@ -238,11 +246,36 @@ def _absorb(graph, kernels, kernel_of, anc_k, target, ext, n_bindings):
         kt.reads = (kt.reads | kb.reads) - roots
         for x in kb.roots:
             kernel_of[x] = target
+        for x in kb.reads:
+            if b in sharing.get(x, ()):
+                sharing[x].discard(b)
+                sharing[x].add(target)
         kb.roots, kb.members, kb.reads = [], set(), set()
         anc_k[target] |= anc_k[b]
         for kk in range(len(kernels)):  # whoever waited for either now waits for the merged kernel
             if kk != target and ((anc_k[kk] >> b) & 1 or (anc_k[kk] >> target) & 1):
                 anc_k[kk] |= (1 << target) | anc_k[target]
+
+
+def _keep_in_registers(graph, kernels, users, live, pinned):
+    """A root whose every reader is computed in its own kernel (and nowhere else) needs no
+    buffer: AdamW's new m and v, read by the weight update and the NaN guard's select in the
+    same kernel, were each a parameter-sized tensor (226 MB at SmolLM2's tied embedding)."""
+    owner = {}
+    for k, ker in enumerate(kernels):
+        for x in ker.members | set(ker.roots):
+            owner.setdefault(x, set()).add(k)
+    for k, ker in enumerate(kernels):
+        if ker.kind != "elementwise" or len(ker.roots) < 2:
+            continue
+        keep = []
+        for r in ker.roots:
+            readers = _readers(graph, r, users, live)
+            if r in pinned or not readers or any(owner.get(u) != {k} for u, _ in readers):
+                keep.append(r)
+        if keep:
+            ker.members |= set(ker.roots)
+            ker.roots = keep
 
 
 def _through_other(kernels, kernel_of, anc_k, k, b) -> bool:
@@ -313,8 +346,8 @@ RECOMPUTE_OPS = 6  # longest elementwise chain recomputed in each reader instead
 
 def _recomputable(graph, live, pinned) -> set:
     """Elementwise values cheaper to recompute in every reader than to keep: a short chain
-    over ONE stored tensor of their size plus smaller (broadcast) operands, e.g. a batch
-    norm's x - mean, its normalised x, its affine output. Training then keeps the
+    over ONE stored tensor of their size plus smaller (broadcast) operands and leaves, e.g.
+    a batch norm's x - mean, its normalised x, its affine output; AdamW's new moments. Training then keeps the
     convolution's output alive for the backward pass, as PyTorch does, not four copies."""
     nodes = graph.nodes
     chain, big = {}, {}  # node -> ops recomputed, the stored same-size tensors it reads
@@ -325,8 +358,8 @@ def _recomputable(graph, live, pinned) -> set:
         ops, reads = 1, set()
         for j in n.inputs:
             b = base_of(graph, j)
-            if nodes[b].size < n.size or nodes[b].op == "const":
-                continue
+            if nodes[b].size < n.size or nodes[b].op in ("const", "param", "state", "input", "constant"):
+                continue  # broadcast operands, and leaves: those stay in memory anyway
             if b in chain:
                 ops += chain[b]
                 reads |= big[b]
