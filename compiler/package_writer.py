@@ -162,10 +162,11 @@ def _pack_by_lifetime(first: dict, last: dict, size_of, new_buffer, buffers, poo
     placed = {}
     # per buffer: (buffer, [(first, last), ...] sorted); `pool`: other programs' buffers, free here
     spans = [(b, []) for b in sorted(pool, key=lambda b: -buffers[b])]
-    for s in sorted(first, key=lambda s: (-size_of(s), first[s], s)):
-        f, l_ = first[s], last[s]
+    size = {s: size_of(s) for s in first}
+    for s in sorted(first, key=lambda s: (-size[s], first[s], s)):
+        f, l_, need = first[s], last[s], size[s]
         for b, busy in spans:
-            if buffers[b] < size_of(s):
+            if buffers[b] < need:
                 continue
             i = bisect.bisect_left(busy, (f, -1))
             if (i == len(busy) or busy[i][0] > l_) and (i == 0 or busy[i - 1][1] < f):
@@ -173,7 +174,7 @@ def _pack_by_lifetime(first: dict, last: dict, size_of, new_buffer, buffers, poo
                 placed[s] = b
                 break
         else:
-            b = new_buffer(size_of(s))
+            b = new_buffer(need)
             spans.append((b, [(f, l_)]))
             placed[s] = b
     return placed
