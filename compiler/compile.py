@@ -24,12 +24,16 @@ def compile_model(model: Model, train: TrainConfig | None = None, source: dict |
     pb = PackageBuilder(__version__, share_scratch)
     step("forward graph")
     fwd = prepare(model.graph)
-    step("schedule inference")
-    pb.add_program("infer", schedule(fwd))
     meta = {"source": source or {}, "batch": _batch_info(model)}
+    tg = None
     if train is not None:
         step("autodiff and optimizer")
         tg = prepare(build_training_graph(model.graph, train))
+    # both graphs fix the weights: hash them on a thread while the rest is scheduled
+    pb.start_blob_hash([fwd] if tg is None else [fwd, tg])
+    step("schedule inference")
+    pb.add_program("infer", schedule(fwd))
+    if tg is not None:
         step("schedule training step")
         pb.add_program("train_step", schedule(tg), {"row_mask": ROW_MASK})
         meta["training"] = {"loss": train.loss, "optimizer": train.optimizer, "lr": train.lr,
@@ -62,8 +66,9 @@ def compile_programs(programs: dict, source: dict | None = None, meta: dict | No
     if "infer" not in programs:
         raise ValueError("a package needs an 'infer' program")
     pb = PackageBuilder(__version__)
-    for name, graph in programs.items():
-        g = prepare(graph)
+    prepared = {name: prepare(graph) for name, graph in programs.items()}
+    pb.start_blob_hash(prepared.values())
+    for name, g in prepared.items():
         pb.add_program(name, schedule(g), {"row_mask": ROW_MASK} if ROW_MASK in g.inputs else None)
     return pb.write({"source": source or {}, "batch": None, **(meta or {})})
 

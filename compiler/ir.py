@@ -56,19 +56,24 @@ class Graph:
     values: dict = field(default_factory=dict)  # param/state/const-tensor name -> ndarray
     frozen: set = field(default_factory=set)  # parameter names that get no gradient
     named: dict = field(default_factory=dict, repr=False)  # (leaf op, name) -> id, kept by add()
+    # leaf op -> {name: id}, kept by add(): leaves() is called per parameter in places, and a
+    # scan of all nodes each time was quadratic (8 s of an SD-size training graph)
+    by_op: dict = field(default_factory=dict, repr=False)
 
     def add(self, node: Node) -> int:
         for i in node.inputs:
             if not 0 <= i < len(self.nodes):
                 raise ValueError(f"node {node.op} refers to missing node {i}")
         self.nodes.append(node)
-        if node.op in ("input", "param", "state", "constant"):
-            self.named.setdefault((node.op, node.attr("name")), len(self.nodes) - 1)
+        if node.op in NAMED_LEAVES:
+            i, name = len(self.nodes) - 1, node.attr("name")
+            self.named.setdefault((node.op, name), i)
+            self.by_op.setdefault(node.op, {})[name] = i
         return len(self.nodes) - 1
 
     def leaves(self, op: str) -> dict:
         """name -> node id for every leaf of one kind ('input', 'param', 'state')."""
-        return {n.attr("name"): i for i, n in enumerate(self.nodes) if n.op == op}
+        return dict(self.by_op.get(op, {}))
 
     @property
     def inputs(self) -> dict:

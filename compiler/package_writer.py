@@ -14,6 +14,7 @@ import struct
 import msgpack
 import numpy as np
 
+from .blob import Blob, package_bytes
 from .codegen import KernelCode, generate
 from .schedule import Schedule, base_of
 
@@ -42,6 +43,8 @@ class PackageBuilder:
         self.kernel_index = {}  # wgsl text -> kernel index
         self.programs = {}
         self.blob = {}  # name -> ndarray
+        self._arrays = {}  # name -> (source value, dtype, array as stored): one conversion per value
+        self._early = None  # a Blob predicted by start_blob_hash, hashing on a thread
         self.max_bindings = 0
         self.max_workgroups = 0
 
@@ -58,14 +61,38 @@ class PackageBuilder:
             return self.leaf_tensor[name]
         entry = {"name": name, "role": role, "dtype": node.dtype, "shape": list(node.shape),
                  "buffer": self._buffer(nbytes(node)), "init": "zeros"}
-        if role in ("param", "state", "constant") and value is not None and (role != "state" or np.any(value)):
-            self.blob[name] = np.ascontiguousarray(value, dtype=np.int32 if node.dtype == "i32" else np.float32)
+        if _stored(role, value):
+            self.blob[name] = self._array(name, node.dtype, value)
             entry["init"] = "blob"
         elif role in ("param", "constant"):
             raise ValueError(f"parameter {name!r} has no value")
         self.tensors.append(entry)
         self.leaf_tensor[name] = len(self.tensors) - 1
         return self.leaf_tensor[name]
+
+    def _array(self, name, dtype, value):
+        hit = self._arrays.get(name)
+        if hit is None or hit[0] is not value or hit[1] != dtype:
+            hit = (value, dtype, np.ascontiguousarray(value, dtype=np.int32 if dtype == "i32" else np.float32))
+            self._arrays[name] = hit
+        return hit[2]
+
+    def start_blob_hash(self, graphs):
+        """Start hashing the weights of the programs that will be added from `graphs`
+        (prepared graphs, in the order of add_program), on a thread, while the caller
+        schedules them. write() uses that hash when the blob came out as predicted."""
+        tensors, seen = dict(self.blob), set(self.leaf_tensor)
+        for g in graphs:
+            for n in g.nodes:
+                name = n.attr("name") if n.op in ("input", "param", "state", "constant") else None
+                if name is None or name in seen:
+                    continue
+                seen.add(name)
+                value = g.values.get(name)
+                if _stored(n.op, value):
+                    tensors[name] = self._array(name, n.dtype, value)
+        self._early = Blob(tensors)
+        self._early.start_hash()
 
     def add_program(self, name: str, sched: Schedule, extra: dict | None = None):
         g = sched.graph
@@ -132,7 +159,7 @@ class PackageBuilder:
                 "workgroups": list(code.workgroups)}
 
     def write(self, meta: dict) -> bytes:
-        blob_parts, blob_digest = _safetensors_parts(self.blob)
+        blob = self._early if self._early is not None and self._early.same(self.blob) else Blob(self.blob)
         persistent = sum(self.buffers[t["buffer"]] for t in self.tensors if t["role"] != "output")
         manifest = {
             "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "compiler_version": self.version,
@@ -142,16 +169,18 @@ class PackageBuilder:
                 "max_storage_buffer_binding_size": max(self.buffers, default=0),
                 "max_buffer_size": max(self.buffers, default=0)}},
             "buffers": self.buffers, "tensors": self.tensors, "kernels": self.kernels,
-            "programs": self.programs, "blob_sha256": blob_digest,
+            "programs": self.programs, "blob_sha256": None,
             "memory": {"buffer_bytes": int(sum(self.buffers)), "persistent_bytes": int(persistent)},
             **meta,
         }
-        man = msgpack.packb(manifest, use_bin_type=True)
-        blob_len = sum(len(p) for p in blob_parts)
-        head = MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(man)) + man + struct.pack("<Q", blob_len)
+
+        def head_of(blob_digest):  # the manifest holds the blob's sha256: a fixed-length string
+            man = msgpack.packb({**manifest, "blob_sha256": blob_digest}, use_bin_type=True)
+            return MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(man)) + man + struct.pack("<Q", blob.length)
+
         # the trailing digest covers everything up to the blob; the manifest holds the blob's
         # own sha256, so the weights are hashed once (3.2 GB for an SD-size U-Net)
-        return b"".join([head, *blob_parts, hashlib.sha256(head).digest()])
+        return package_bytes(head_of, blob)
 
 
 def _pack_by_lifetime(first: dict, last: dict, size_of, new_buffer, buffers, pool=()) -> dict:
@@ -192,23 +221,6 @@ def _peak(first: dict, last: dict, size_of, end: int) -> int:
     return peak
 
 
-def _safetensors_parts(tensors: dict):
-    """The safetensors encoding of `tensors` as a list of byte chunks (arrays as zero-copy
-    views) and its sha256: one pass over the weights instead of serialise, copy and hash."""
-    import json
-
-    header, offset, datas = {}, 0, []
-    for name in sorted(tensors):
-        arr = np.ascontiguousarray(tensors[name])
-        dt = {np.dtype(np.float32): "F32", np.dtype(np.int32): "I32"}[arr.dtype]
-        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
-        offset += arr.nbytes
-        datas.append(memoryview(arr.reshape(-1)).cast("B"))
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    parts = [struct.pack("<Q", len(text)), text, *datas]
-    digest = hashlib.sha256()
-    for p in parts:
-        digest.update(p)
-    return parts, digest.hexdigest()
-
+def _stored(role: str, value) -> bool:
+    """Is a leaf's value stored in the blob? (optimizer state only when not all zeros)"""
+    return role in ("param", "state", "constant") and value is not None and (role != "state" or bool(np.any(value)))

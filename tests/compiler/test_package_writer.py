@@ -1,0 +1,116 @@
+"""The package writer: the same input gives the same bytes, and what it writes loads back
+(manifest, checksums, weights bit for bit) through the runtime's own reader."""
+import numpy as np
+import pytest
+
+from meganeura.compiler import Builder, TrainConfig, blob, compile_model
+from meganeura.compiler import compile as compile_mod
+from meganeura.compiler.compile import compile_programs
+from meganeura.compiler.models import unet
+from meganeura.compiler.package_writer import PackageBuilder
+from meganeura.compiler.prepare import prepare
+from meganeura.compiler.schedule import schedule
+from meganeura.runtime import Package
+
+
+class _Clock:  # compile_model records its own duration in the manifest: pin it
+    @staticmethod
+    def perf_counter():
+        return 0.0
+
+
+def _model():
+    rng = np.random.default_rng(0)
+    b = Builder()
+    x = b.input("x", (3, 5))
+    h = b.relu(b.linear(x, b.param("l1.weight", rng.standard_normal((7, 5)).astype(np.float32)),
+                        b.param("l1.bias", rng.standard_normal(7).astype(np.float32))))
+    y = b.linear(h, b.param("l2.weight", rng.standard_normal((2, 7))))
+    b.output("y", b.op("add", y, b.constant(np.linspace(0, 1, 6).reshape(3, 2))))  # float64: stored as f32
+    return b.build()
+
+
+def test_same_model_gives_identical_bytes(monkeypatch):
+    monkeypatch.setattr(compile_mod, "time", _Clock)
+    cfg = TrainConfig(loss="mse", optimizer="adamw")
+    assert compile_model(_model(), cfg) == compile_model(_model(), cfg)
+    m = unet.unet(unet.tiny_config())
+    assert compile_model(m, cfg) == compile_model(m, cfg)
+    assert compile_programs({"infer": m.graph}) == compile_programs({"infer": m.graph})
+
+
+def test_weights_round_trip_exactly():
+    model = _model()
+    pkg = Package.from_bytes(compile_model(model, TrainConfig(loss="mse", optimizer="adamw", lr=0.125)))
+    for name, value in model.params.items():
+        got = pkg.weights[name]
+        assert got.dtype == np.float32 and got.shape == value.shape
+        assert np.array_equal(got, np.asarray(value, np.float32)), name
+    assert float(pkg.weights["optimizer.lr"]) == 0.125
+    (const,) = [k for k in pkg.weights if k.startswith("constant.")]
+    assert np.array_equal(pkg.weights[const], np.linspace(0, 1, 6).reshape(3, 2).astype(np.float32))
+    # all-zero optimizer state is not stored: the runtime zero-fills it
+    assert not any(k.startswith("optimizer.l1") for k in pkg.weights)
+
+
+def test_copies_split_into_many_chunks_land_in_place(monkeypatch):
+    monkeypatch.setattr(blob, "CHUNK", 24)  # every array split, copies racing over threads
+    model = _model()
+    pkg = Package.from_bytes(compile_model(model))
+    for name, value in model.params.items():
+        assert np.array_equal(pkg.weights[name], np.asarray(value, np.float32)), name
+
+
+def test_a_blob_hashed_early_but_then_different_is_hashed_again():
+    model = _model()
+    other = _model()
+    other.graph.values["l1.bias"] = np.full(7, 3.0, np.float32)  # not what was predicted
+    pb = PackageBuilder("test")
+    pb.start_blob_hash([prepare(model.graph)])
+    pb.add_program("infer", schedule(prepare(other.graph)))
+    pkg = Package.from_bytes(pb.write({"source": {}, "batch": None}))
+    assert np.array_equal(pkg.weights["l1.bias"], np.full(7, 3.0, np.float32))
+    # and with the prediction right, the same bytes as without one
+    pb1, pb2 = PackageBuilder("test"), PackageBuilder("test")
+    g = prepare(model.graph)
+    pb1.start_blob_hash([g])
+    for pb in (pb1, pb2):
+        pb.add_program("infer", schedule(g))
+    assert pb1.write({}) == pb2.write({})
+
+
+def test_package_bytes_layout():
+    arrays = {"b": np.arange(5, dtype=np.int32), "a": np.linspace(0, 1, 300, dtype=np.float32).reshape(3, 100)}
+    b = blob.Blob(arrays)
+    out = blob.package_bytes(lambda digest: b"HEAD" + digest.encode(), b)
+    assert isinstance(out, bytes)
+    import hashlib
+    import json
+    import struct
+
+    blob_bytes = out[4 + 64:-32]
+    assert out[4:4 + 64].decode() == hashlib.sha256(blob_bytes).hexdigest() == b.sha256()
+    assert out.startswith(b"HEAD") and len(blob_bytes) == b.length
+    assert out[-32:] == hashlib.sha256(out[:4 + 64]).digest()
+    (n,) = struct.unpack_from("<Q", blob_bytes)
+    header = json.loads(blob_bytes[8:8 + n])
+    assert list(header) == ["a", "b"]  # sorted by name, data in the same order
+    data = blob_bytes[8 + n:]
+    assert data == arrays["a"].tobytes() + arrays["b"].tobytes()
+
+
+def test_head_whose_length_depends_on_the_digest_is_refused():
+    b = blob.Blob({"w": np.ones(4, np.float32)})
+    with pytest.raises(AssertionError):
+        blob.package_bytes(lambda digest: digest.strip("0").encode(), b)
+
+
+def test_switch_interval_is_restored_after_hashing():
+    import sys
+
+    before = sys.getswitchinterval()
+    blobs = [blob.Blob({"w": np.ones(1 << 16, np.float32)}) for _ in range(3)]
+    for b in blobs:
+        b.start_hash()
+    assert len({b.sha256() for b in blobs}) == 1
+    assert sys.getswitchinterval() == before
