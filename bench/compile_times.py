@@ -55,7 +55,7 @@ def main(argv=None):
         for _ in range(args.repeat):
             marks = {}
             t, cpu = time.perf_counter(), time.process_time()
-            data = compile_model(model, train, progress=lambda stage: marks.setdefault(stage, time.perf_counter()))
+            data = compile_model(model, train, progress=lambda stage, marks=marks: marks.setdefault(stage, time.perf_counter()))
             total, end = time.perf_counter() - t, time.perf_counter()
             cpu = time.process_time() - cpu
             write = end - marks.get("write package", end)

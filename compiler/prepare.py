@@ -94,7 +94,7 @@ def _reduce_dims(n: Node, shape):
     return axes, outer, red, inner
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _chunks(red: int) -> int:
     """A divisor of `red` near its square root (0 when there is none worth using); the
     smaller one on a tie. Cached: the same lengths recur (sorting every candidate per call

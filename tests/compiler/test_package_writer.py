@@ -2,7 +2,6 @@
 (manifest, checksums, weights bit for bit) through the runtime's own reader."""
 import numpy as np
 import pytest
-
 from meganeura.compiler import Builder, TrainConfig, blob, compile_model
 from meganeura.compiler import compile as compile_mod
 from meganeura.compiler.compile import compile_programs
