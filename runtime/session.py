@@ -231,13 +231,14 @@ class Session:
         steps = self._steps(program)[start:stop]
         with self._gpu(f"recording {program}"):
             cpass = encoder.begin_compute_pass(**(pass_kwargs or {}))
+            set_pipeline, set_group, dispatch = cpass.set_pipeline, cpass.set_bind_group, cpass.dispatch_workgroups
             last = None
-            for pipeline, group, wg in steps:
+            for pipeline, group, (x, y, z) in steps:
                 if pipeline is not last:  # runs of one kernel (layers share kernels) bind it once
-                    cpass.set_pipeline(pipeline)
+                    set_pipeline(pipeline)
                     last = pipeline
-                cpass.set_bind_group(0, group)
-                cpass.dispatch_workgroups(*wg)
+                set_group(0, group)
+                dispatch(x, y, z)
             cpass.end()
 
     def dispatch_count(self, program: str) -> int:
