@@ -229,9 +229,9 @@ def _reduce(sched: Schedule, k: Kernel) -> KernelCode:
     bind = _Bindings(g, sched.storage)
     chain = k.members - {r}  # an elementwise prologue computed in the loads
     if chain:
-        names = {}
-        coords, body, uses_prelude = ew_code(sched, chain, [], bind, names=names)
-        load = "fn load(idx: u32) -> f32 {\n" + "\n".join(coords + body) + f"\n    return {names[base_of(g, x)]};\n}}"
+        values = {}
+        coords, body, uses_prelude = ew_code(sched, chain, [], bind, names=values)
+        load = "fn load(idx: u32) -> f32 {\n" + "\n".join(coords + body) + f"\n    return {values[base_of(g, x)]};\n}}"
         if uses_prelude:
             load = render("prelude") + "\n" + load
     else:

@@ -130,6 +130,9 @@ def schedule(graph: Graph) -> Schedule:
             if all((u, p) == (i, 0) or p in STRIDED_READS.get(nodes[u].op, ()) for u, p in readers):
                 written[src] = i
     aliases = {**views, **{t: w for w, t in written.items()}}  # kernels reading these wait for the writer
+    for x in list(aliases):  # a view of a written transpose waits for the writer of the two
+        while aliases[x] in aliases:
+            aliases[x] = aliases[aliases[x]]
     roots = [i for i in sorted(live) if nodes[i].op not in ("input", "param", "state", "constant", "const", "reshape")
              and i not in inlined and i not in aliases]
     kernel_of = {}
@@ -147,12 +150,12 @@ def schedule(graph: Graph) -> Schedule:
         return 0 if k is None else (1 << k) | anc_k[k]
 
     leaf_of = {nodes[i].attr("name"): i for i in live if nodes[i].op in ("param", "state")}
-    inplace_of = {base_of(graph, v): leaf_of.get(name) for name, v in graph.assigns.items()}
+    inplace_of = {base_of(graph, v): leaf_of[name] for name, v in graph.assigns.items() if name in leaf_of}
 
     sharing = {}  # stored value -> elementwise kernels of its size reading it (horizontal merges)
 
     def n_bindings(reads, roots):  # an in-place update reads and writes one buffer: one binding
-        return len({inplace_of.get(x) or x for x in reads} | {inplace_of.get(x) or x for x in roots})
+        return len({inplace_of.get(x, x) for x in reads} | {inplace_of.get(x, x) for x in roots})
 
     for r in roots:
         n = nodes[r]
@@ -315,7 +318,7 @@ def _through_other(kernels, kernel_of, anc_k, k, b) -> bool:
     make a cycle)? Reading b's outputs directly is fine: the merged kernel has them."""
     for x in kernels[k].reads:
         c = kernel_of.get(x)
-        if c is not None and c != b and (c == b or (anc_k[c] >> b) & 1):
+        if c is not None and c != b and (anc_k[c] >> b) & 1:
             return True
     return False
 

@@ -159,7 +159,9 @@ class Session:
     def rebuild(self, device=None, weights=None, strict: bool = True) -> Session:
         """This package in a new session, e.g. after DeviceLostError: on `device` (by default
         a new device, since a lost one never comes back), with `weights` (a file written
-        by save_weights, or a name -> array dict) loaded over the package's own."""
+        by save_weights, or a name -> array dict) loaded over the package's own. Optimizer
+        state (moments, step count, a changed lr, skipped_steps) starts from the package's:
+        write_tensor() it back if the host kept it."""
         s = Session(device if device is not None else fresh_device(), self.package,
                     self._device_class_arg, self.memory_limit)
         if isinstance(weights, dict):
