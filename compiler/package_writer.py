@@ -170,7 +170,8 @@ class PackageBuilder:
                 "max_buffer_size": max(self.buffers, default=0)}},
             "buffers": self.buffers, "tensors": self.tensors, "kernels": self.kernels,
             "programs": self.programs, "blob_sha256": None,
-            "memory": {"buffer_bytes": int(sum(self.buffers)), "persistent_bytes": int(persistent)},
+            "memory": {"buffer_bytes": int(sum(self.buffers)), "persistent_bytes": int(persistent),
+                       "shared_scratch": bool(self.share_scratch)},
             **meta,
         }
 

@@ -118,6 +118,12 @@ class FrameScheduler:
         """Find the buffers a step must keep to itself: its declared inputs, and every buffer it
         binds that another program writes (or takes as input) between its chunks."""
         wgpu, s, m = self._wgpu, self.session, self.session.package.manifest
+        if m["memory"].get("shared_scratch") and len(m["programs"]) > 1:
+            import warnings
+
+            warnings.warn("this package was compiled with share_scratch=True: every scratch buffer the training "
+                          "step binds is saved and restored around its chunks (more memory and copies); "
+                          "compile without it for a frame scheduler", stacklevel=3)
         usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         prog = m["programs"][self.train_program]
         others = set()

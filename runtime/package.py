@@ -260,6 +260,8 @@ def validate_manifest(m) -> None:
     mem = _dict(_key(m, "memory", "manifest"), "memory")
     if _int(_key(mem, "buffer_bytes", "memory"), "memory.buffer_bytes") != sum(buffers):
         _fail(f"memory.buffer_bytes {mem['buffer_bytes']} is not the sum of the buffer sizes {sum(buffers)}")
+    if not isinstance(mem.get("shared_scratch", False), bool):
+        _fail("memory.shared_scratch: expected true or false")
     req = _dict(_key(m, "requires", "manifest"), "requires")
     for f in _list(_key(req, "features", "requires"), "requires.features", 64):
         _str(f, "requires.features", 64)
