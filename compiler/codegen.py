@@ -217,37 +217,63 @@ def _read_offsets(user, inp):
 
 
 def _reduce(sched: Schedule, k: Kernel) -> KernelCode:
+    """One reduction, or several of one geometry (the z workgroup index picks which), each
+    reading its input through an elementwise prologue computed in its loads."""
     g = sched.graph
-    r = k.roots[0]
-    n = g.nodes[r]
-    x = n.inputs[0]
-    shape = g.nodes[x].shape
+    n = g.nodes[k.roots[0]]
+    shape = g.nodes[n.inputs[0]].shape
     axes = sorted(a % len(shape) for a in n.attr("axes"))
     outer = int(np.prod(shape[:axes[0]], dtype=np.int64))
     red = int(np.prod(shape[axes[0]:axes[-1] + 1], dtype=np.int64))
     inner = int(np.prod(shape[axes[-1] + 1:], dtype=np.int64))
     bind = _Bindings(g, sched.storage)
-    chain = k.members - {r}  # an elementwise prologue computed in the loads
-    if chain:
-        values = {}
-        coords, body, uses_prelude = ew_code(sched, chain, [], bind, names=values)
-        load = "fn load(idx: u32) -> f32 {\n" + "\n".join(coords + body) + f"\n    return {values[base_of(g, x)]};\n}}"
-        if uses_prelude:
-            load = render("prelude") + "\n" + load
+    loads, stores, uses_prelude = [], [], False
+    for j, r in enumerate(k.roots):
+        x = base_of(g, g.nodes[r].inputs[0])
+        chain = _chain(g, x, k.members)
+        if chain:
+            values = {}
+            coords, body, prelude = ew_code(sched, chain, [], bind, names=values)
+            uses_prelude |= prelude
+            loads.append(f"fn load{j}(idx: u32) -> f32 {{\n" + "\n".join(coords + body) + f"\n    return {values[x]};\n}}")
+        else:
+            loads.append(f"fn load{j}(idx: u32) -> f32 {{ return {bind.use(x)}[idx]; }}")
+        stores.append(bind.use(r, write=True))
+    if len(k.roots) == 1:
+        pick = "fn load(which: u32, idx: u32) -> f32 { return load0(idx); }\n" \
+               f"fn store(which: u32, idx: u32, v: f32) {{ {stores[0]}[idx] = v; }}"
     else:
-        load = "fn load(idx: u32) -> f32 { return src[idx]; }"
-        bind.use(base_of(g, x))
-    out = int(bind.use(r, write=True)[1:])
+        cases = "".join(f"        case {j}u: {{ return load{j}(idx); }}\n" for j in range(len(k.roots) - 1))
+        last = len(k.roots) - 1
+        pick = ("fn load(which: u32, idx: u32) -> f32 {\n    switch which {\n" + cases
+                + f"        default: {{ return load{last}(idx); }}\n    }}\n}}\n"
+                + "fn store(which: u32, idx: u32, v: f32) {\n    switch which {\n"
+                + "".join(f"        case {j}u: {{ {t}[idx] = v; }}\n" for j, t in enumerate(stores[:-1]))
+                + f"        default: {{ {stores[-1]}[idx] = v; }}\n    }}\n}}")
     is_max = n.op == "reduce_max"
     combine = "fn combine(a: f32, b: f32) -> f32 { return " + ("max(a, b)" if is_max else "a + b") + "; }"
-    names = ["dst" if b == out else ("src" if not chain else f"t{b}") for b in range(len(bind.slots))]
-    decls = bind.decls(names) + "\n" + combine + "\n" + load
+    decls = "\n".join([bind.decls(), render("prelude") if uses_prelude else "", combine, *loads, pick])
     init = f32_literal(float("-inf")) if is_max else "0.0"
+    label = n.op if len(k.roots) == 1 else f"{n.op} x{len(k.roots)}"
     if inner == 1 and red > 64:
         wgsl = render("reduce_rows", BINDINGS=decls, OUTER=outer, R=red, INIT=init, COMBINE="combine")
-        return KernelCode(wgsl, (64, 1, 1), bind.list(), grid(outer), n.op)
+        x, y, _ = grid(outer)
+        return KernelCode(wgsl, (64, 1, 1), bind.list(), (x, y, len(k.roots)), label)
     wgsl = render("reduce_cols", BINDINGS=decls, OUTER=outer, R=red, INNER=inner, INIT=init, COMBINE="combine")
-    return KernelCode(wgsl, (WG, 1, 1), bind.list(), grid(-(-outer * inner // WG)), n.op)
+    x, y, _ = grid(-(-outer * inner // WG))
+    return KernelCode(wgsl, (WG, 1, 1), bind.list(), (x, y, len(k.roots)), label)
+
+
+def _chain(g, start: int, members: set) -> set:
+    """The elementwise prologue of one reduction: the members its input is computed from."""
+    out, stack = set(), [start]
+    while stack:
+        i = stack.pop()
+        if i in out or i not in members or g.nodes[i].op in ("reduce_sum", "reduce_max"):
+            continue
+        out.add(i)
+        stack.extend(base_of(g, j) for j in g.nodes[i].inputs)
+    return out
 
 
 def _norm(sched: Schedule, k: Kernel) -> KernelCode:

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .ir import Graph
@@ -218,6 +219,7 @@ def schedule(graph: Graph) -> Schedule:
     kernels = [k for k in kernels if k.roots]  # (absorbed ones are empty)
     _keep_in_registers(graph, kernels, users, live, pinned)
     kernels, kernel_of = _fuse_epilogues(graph, kernels, users, live, pinned)
+    kernels, kernel_of = _merge_kept_reductions(graph, kernels, users, live)
 
     # 3. storage: views share their base's buffer; assigns write into their target
     storage = {t: w for w, t in written.items()}  # the transpose's layout is the writer's buffer's
@@ -311,6 +313,72 @@ def _keep_in_registers(graph, kernels, users, live, pinned):
         if keep:
             ker.members |= set(ker.roots)
             ker.roots = keep
+
+
+def _reduce_geometry(graph, r):
+    """(op, outer, reduced, inner) of a reduction node: equal geometries share a kernel."""
+    n = graph.nodes[r]
+    shape = graph.nodes[n.inputs[0]].shape
+    axes = sorted(a % len(shape) for a in n.attr("axes"))
+    return (n.op, math.prod(shape[:axes[0]]), math.prod(shape[axes[0]:axes[-1] + 1]), math.prod(shape[axes[-1] + 1:]))
+
+
+def _merge_kept_reductions(graph, kernels, users, live):
+    """Reductions of one geometry over values that stay in memory until the optimizer
+    anyway (tensors that an in-place update reads, e.g. the NaN guard's counts over each
+    gradient) run as one dispatch, one reduction per workgroup layer: no tensor lives
+    longer for it. (Merging others would keep an activation gradient alive for a layer.)"""
+    assigned = {base_of(graph, v) for v in graph.assigns.values()}
+    kernel_of = {r: i for i, k in enumerate(kernels) for r in k.roots}
+    kept = set()
+    for k in kernels:
+        if k.kind == "elementwise" and assigned & set(k.roots):
+            kept |= k.reads
+    if not kept:
+        return kernels, kernel_of
+    deps = [{kernel_of[x] for x in k.reads if x in kernel_of} - {i} for i, k in enumerate(kernels)]
+    anc = [None] * len(kernels)  # kernel -> bitset of the kernels it waits for, transitively
+    for start in range(len(kernels)):
+        stack = [start]
+        while stack:  # (kernel indices are not a topological order: a root may join an older kernel)
+            i = stack[-1]
+            if anc[i] is not None:
+                stack.pop()
+                continue
+            todo = [j for j in deps[i] if anc[j] is None]
+            if todo:
+                stack.extend(todo)
+                continue
+            bits = 0
+            for j in deps[i]:
+                bits |= (1 << j) | anc[j]
+            anc[i] = bits
+            stack.pop()
+    groups = {}
+    for i, k in enumerate(kernels):
+        if k.kind == "reduce" and len(k.roots) == 1 and k.reads and k.reads <= kept:
+            groups.setdefault(_reduce_geometry(graph, k.roots[0]), []).append(i)
+    gone = set()
+    for same in groups.values():
+        head = None
+        for i in same:
+            k = kernels[i]
+            if head is not None and len(kernels[head].reads | k.reads) + len(kernels[head].roots) + 1 <= MAX_BINDINGS \
+                    and not anc[i] & merged and not any((anc[j] >> i) & 1 for j in group):
+                h = kernels[head]
+                h.roots += k.roots
+                h.members |= k.members
+                h.reads |= k.reads
+                gone.add(i)
+                group.append(i)
+                merged |= 1 << i
+                anc[head] |= anc[i]
+            else:
+                head, group, merged = i, [i], 1 << i
+    if not gone:
+        return kernels, kernel_of
+    kept_kernels = [k for i, k in enumerate(kernels) if i not in gone]
+    return kept_kernels, {r: i for i, k in enumerate(kept_kernels) for r in k.roots}
 
 
 def _through_other(kernels, kernel_of, anc_k, k, b) -> bool:

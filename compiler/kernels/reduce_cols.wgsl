@@ -1,5 +1,5 @@
 // Reduces the middle axis of [OUTER, R, INNER] with INNER > 1: one thread per output,
-// neighbouring threads read neighbouring columns.
+// neighbouring threads read neighbouring columns. Workgroup layer z: which reduction.
 {{BINDINGS}}
 
 @compute @workgroup_size(256)
@@ -12,7 +12,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = idx % {{INNER}}u;
     var acc = {{INIT}};
     for (var r = 0u; r < {{R}}u; r = r + 1u) {
-        acc = {{COMBINE}}(acc, load((o * {{R}}u + r) * {{INNER}}u + i));
+        acc = {{COMBINE}}(acc, load(gid.z, (o * {{R}}u + r) * {{INNER}}u + i));
     }
-    dst[idx] = acc;
+    store(gid.z, idx, acc);
 }

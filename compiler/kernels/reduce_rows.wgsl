@@ -1,5 +1,5 @@
 // Reduces the middle axis of [OUTER, R, 1]: one workgroup per output, 64 threads
-// striding over R, then a tree in workgroup memory.
+// striding over R, then a tree in workgroup memory. Workgroup layer z: which reduction.
 {{BINDINGS}}
 
 var<workgroup> partial: array<f32, 64>;
@@ -14,7 +14,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let base = row * {{R}}u;
     var acc = {{INIT}};
     for (var r = lid; r < {{R}}u; r = r + 64u) {
-        acc = {{COMBINE}}(acc, load(base + r));
+        acc = {{COMBINE}}(acc, load(wg.z, base + r));
     }
     partial[lid] = acc;
     workgroupBarrier();
@@ -25,6 +25,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         workgroupBarrier();
     }
     if (lid == 0u) {
-        dst[row] = partial[0];
+        store(wg.z, row, partial[0]);
     }
 }

@@ -99,3 +99,26 @@ def test_nan_inputs_are_refused_by_name(device):
     with pytest.raises(ValueError, match=r"input 'x' holds NaN or infinity \(first at index \(2, 0, 1, 5\)"):
         session.run("infer", {"x": x})
     assert session.skipped_steps == 0
+
+
+@pytest.mark.parametrize("bad", [0, 1, 2])
+def test_one_bad_gradient_among_merged_checks_is_caught(device, bad):
+    """Gradients of one shape are checked by one kernel (a reduction per workgroup layer):
+    an infinite gradient in any one of them rejects the step."""
+    b = Builder()
+    x = b.input("x", (2, 3))
+    out = None
+    for i in range(3):
+        w = b.param(f"w{i}", np.array([[1.0, 2.0, 0.0 if i == bad else 3.0]]))
+        term = b.sum(b.sqrt(w) * x, axes=(1,), keepdims=True)
+        out = term if out is None else out + term
+    b.output("y", b.reshape(out, (2, 1)))
+    pkg = Package.from_bytes(compile_model(b.build(), TrainConfig(loss="mse", optimizer="sgd")))
+    labels = [pkg.manifest["kernels"][d["kernel"]]["label"] for d in pkg.programs["train_step"]["dispatches"]]
+    assert any(label.startswith("reduce_sum x") for label in labels), labels  # the checks share a kernel
+    session = Session(device, pkg)
+    before = session.weights()
+    session.run("train_step", {"x": np.ones((2, 3)), "labels": np.zeros((2, 1))})
+    assert session.skipped_steps == 1
+    for name, w in session.weights().items():
+        np.testing.assert_array_equal(w, before[name])
