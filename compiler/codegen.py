@@ -235,21 +235,23 @@ def _reduce(sched: Schedule, k: Kernel) -> KernelCode:
             values = {}
             coords, body, prelude = ew_code(sched, chain, [], bind, names=values)
             uses_prelude |= prelude
-            loads.append(f"fn load{j}(idx: u32) -> f32 {{\n" + "\n".join(coords + body) + f"\n    return {values[x]};\n}}")
+            loads.append(f"fn load{j}(idx: u32) -> f32 {{\n" + "\n".join(coords + body)
+                         + f"\n    return f32({values[x]});\n}}")  # (f32() of an f32 is free; i32 sums count)
         else:
-            loads.append(f"fn load{j}(idx: u32) -> f32 {{ return {bind.use(x)}[idx]; }}")
-        stores.append(bind.use(r, write=True))
+            loads.append(f"fn load{j}(idx: u32) -> f32 {{ return f32({bind.use(x)}[idx]); }}")
+        out = bind.use(r, write=True)
+        stores.append(f"{out}[idx] = {_wtype(g.nodes[r].dtype)}(v);")
     if len(k.roots) == 1:
         pick = "fn load(which: u32, idx: u32) -> f32 { return load0(idx); }\n" \
-               f"fn store(which: u32, idx: u32, v: f32) {{ {stores[0]}[idx] = v; }}"
+               f"fn store(which: u32, idx: u32, v: f32) {{ {stores[0]} }}"
     else:
         cases = "".join(f"        case {j}u: {{ return load{j}(idx); }}\n" for j in range(len(k.roots) - 1))
         last = len(k.roots) - 1
         pick = ("fn load(which: u32, idx: u32) -> f32 {\n    switch which {\n" + cases
                 + f"        default: {{ return load{last}(idx); }}\n    }}\n}}\n"
                 + "fn store(which: u32, idx: u32, v: f32) {\n    switch which {\n"
-                + "".join(f"        case {j}u: {{ {t}[idx] = v; }}\n" for j, t in enumerate(stores[:-1]))
-                + f"        default: {{ {stores[-1]}[idx] = v; }}\n    }}\n}}")
+                + "".join(f"        case {j}u: {{ {t} }}\n" for j, t in enumerate(stores[:-1]))
+                + f"        default: {{ {stores[-1]} }}\n    }}\n}}")
     is_max = n.op == "reduce_max"
     combine = "fn combine(a: f32, b: f32) -> f32 { return " + ("max(a, b)" if is_max else "a + b") + "; }"
     decls = "\n".join([bind.decls(), render("prelude") if uses_prelude else "", combine, *loads, pick])

@@ -74,3 +74,15 @@ def test_a_view_of_a_written_transpose_waits_for_its_writer(run_on_gpu):
     ref = run_graph(b.g, inputs, np.float64)[0]["y"]
     got = run_on_gpu(b.g, inputs)["y"]
     assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_a_sum_over_integers(run_on_gpu):
+    """Reductions accumulate in f32 and store in the node's dtype (a count of class ids)."""
+    b = Builder()
+    y = b.input("y", (5, 7), "i32")
+    b.output("s", b.sum(b.cast(b.cast(y, to="f32") * 2.0, to="i32"), axes=(1,)))
+    b.output("c", b.sum(y, axes=(0,)))
+    vals = {"y": np.arange(35, dtype=np.int32).reshape(5, 7) - 10}
+    got = run_on_gpu(b.g, vals)
+    np.testing.assert_array_equal(got["s"], (vals["y"] * 2).sum(1))
+    np.testing.assert_array_equal(got["c"], vals["y"].sum(0))
