@@ -70,6 +70,7 @@ def test_shared_scratch_runs_the_same_in_less_memory(device):
     private = Package.from_bytes(compile_model(model, cfg))
     shared = Package.from_bytes(compile_model(model, cfg, share_scratch=True))
     assert shared.manifest["memory"]["buffer_bytes"] < private.manifest["memory"]["buffer_bytes"]
+    assert shared.manifest["memory"]["shared_scratch"] and not private.manifest["memory"]["shared_scratch"]
     a, s = Session(device, private), Session(device, shared)
     for step in range(3):
         batch = {"x": rng.standard_normal((16, 12)), "labels": rng.integers(0, 5, 16)}

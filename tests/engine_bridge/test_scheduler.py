@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from bridge_helpers import handover_package, read_rgba8
 from meganeura.engine_bridge import FrameScheduler, PatternScene, TensorOverlay, TextureInput
-from meganeura.runtime import Session
+from meganeura.runtime import Package, Session
 
 BUDGET_MS = 4.0
 H = W = 32
@@ -278,3 +278,15 @@ def test_a_step_keeps_the_features_inference_handed_over_when_it_started(device)
         one_go.run("infer", {"x": xs[starts[step]]})
         one_go.run("train_head", batch)
     np.testing.assert_allclose(session.weights()["head.weight"], one_go.weights()["head.weight"], rtol=0, atol=1e-6)
+
+
+def test_a_package_with_pooled_scratch_gets_a_warning(device):
+    """share_scratch packages make the scheduler save and restore every pooled buffer a
+    training chunk binds: it says so instead of quietly using more memory."""
+    from meganeura.compiler import Builder, TrainConfig, compile_model
+
+    b = Builder()
+    b.output("y", b.linear(b.input("x", (4, 3)), b.param("w", np.ones((2, 3))), b.param("c", np.zeros(2))))
+    pkg = Package.from_bytes(compile_model(b.build(), TrainConfig(loss="mse"), share_scratch=True))
+    with pytest.warns(UserWarning, match="share_scratch"):
+        FrameScheduler(Session(device, pkg), 4.0).train(iter(()))
