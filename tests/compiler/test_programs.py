@@ -1,10 +1,8 @@
 """Several programs in one package, handing a tensor over through a state: an inference
 program caches features that a training program reads without recomputing them."""
 import numpy as np
-
 from meganeura.compiler import Builder, TrainConfig, run_graph
 from meganeura.compiler.compile import compile_programs
-from meganeura.compiler.emit import Emitter
 from meganeura.compiler.training import attach_optimizer
 from meganeura.runtime import Package, Session
 

@@ -6,7 +6,12 @@ import time
 import numpy as np
 import pytest
 from bridge_helpers import handover_package, read_rgba8
-from meganeura.engine_bridge import FrameScheduler, PatternScene, TensorOverlay, TextureInput
+from meganeura.engine_bridge import (
+    FrameScheduler,
+    PatternScene,
+    TensorOverlay,
+    TextureInput,
+)
 from meganeura.runtime import Package, Session
 
 BUDGET_MS = 4.0
