@@ -78,6 +78,7 @@ class Session:
             self.programs[name] = steps
         self._staging = {}
         self._batch = (m.get("batch") or {}).get("size")
+        self._skip_counter = pkg.tensor(SKIPPED, "state")  # None: compiled without the NaN guard
 
     # ---------------------------------------------------------------- loading
     def _check_device(self, m):
@@ -305,7 +306,7 @@ class Session:
     def _execute(self, program):
         with self._gpu(f"running {program}"):
             out = self._submit_and_read(program)
-        if "loss" in out and not np.isfinite(out["loss"]).all() and self.package.tensor(SKIPPED, "state") is None:
+        if "loss" in out and not np.isfinite(out["loss"]).all() and self._skip_counter is None:
             raise FloatingPointError(f"{program}: the loss is {out['loss']} (not finite) and this package was "
                                      "compiled without skip_nonfinite, so the weights took the step")
         return out
@@ -338,7 +339,7 @@ class Session:
     @property
     def skipped_steps(self) -> int:
         """Training steps rejected on the GPU because their loss or a gradient was NaN/inf."""
-        if self.package.tensor(SKIPPED, "state") is None:
+        if self._skip_counter is None:
             return 0
         return int(self.read_tensor(SKIPPED, "state"))
 

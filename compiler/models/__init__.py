@@ -11,3 +11,21 @@ def config_from(cls, config):
         return config
     get = config.get if isinstance(config, dict) else (lambda k, d: getattr(config, k, d))
     return cls(**{f.name: get(f.name, f.default) for f in fields(cls)})
+
+
+def param_source(builder, weights: dict, prefix: str = ""):
+    """param(name, shape, init, frozen=False) -> a builder param named prefix + name: the
+    given weight when `weights` has it (its shape checked against the config's), else
+    init(shape)."""
+    import numpy as np
+
+    def param(name, shape, init, frozen=False):
+        name = prefix + name
+        value = weights.get(name)
+        if value is None:
+            value = init(shape)
+        elif tuple(np.shape(value)) != tuple(shape):
+            raise ValueError(f"{name}: weights give shape {np.shape(value)}, the config needs {tuple(shape)}")
+        return builder.param(name, value, frozen=frozen)
+
+    return param

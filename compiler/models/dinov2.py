@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import config_from
 from ..builder import Builder, Model
+from . import config_from, param_source
 
 
 @dataclass
@@ -70,13 +70,7 @@ def dinov2(config, batch: int = 1, height: int = 224, width: int = 224, weights:
     b = Builder()
     std = cfg.initializer_range
 
-    def param(name, shape, init):
-        value = weights.get(name)
-        if value is None:
-            value = init(shape)
-        elif tuple(np.shape(value)) != tuple(shape):
-            raise ValueError(f"{name}: weights give shape {np.shape(value)}, the config needs {tuple(shape)}")
-        return b.param(name, value)
+    param = param_source(b, weights)
 
     normal = lambda s: rng.standard_normal(s) * std
     zeros, ones = np.zeros, np.ones

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import config_from
 from ..builder import Builder, Model
+from . import config_from, param_source
 
 
 @dataclass
@@ -75,13 +75,7 @@ def llama(config, batch: int = 1, seq: int = 128, weights: dict | None = None, s
     weights = weights or {}
     b = Builder()
 
-    def param(name, shape, init):
-        value = weights.get(name)
-        if value is None:
-            value = init(shape)
-        elif tuple(np.shape(value)) != tuple(shape):
-            raise ValueError(f"{name}: weights give shape {np.shape(value)}, the config needs {tuple(shape)}")
-        return b.param(name, value)
+    param = param_source(b, weights)
 
     normal = lambda s: rng.standard_normal(s, dtype=np.float32) * cfg.initializer_range
 

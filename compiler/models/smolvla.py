@@ -57,6 +57,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..builder import Builder, Model
+from . import param_source
 from .llama import rope_tables
 
 
@@ -163,13 +164,7 @@ def smolvla_expert(config: SmolVLAExpertConfig | None = None, batch: int = 1, we
     weights = weights or {}
     b = Builder()
 
-    def param(name, shape, init):
-        value = weights.get(name)
-        if value is None:
-            value = init(shape)
-        elif tuple(np.shape(value)) != tuple(shape):
-            raise ValueError(f"{name}: weights give shape {np.shape(value)}, the config needs {tuple(shape)}")
-        return b.param(name, value)
+    param = param_source(b, weights)
 
     normal = lambda s: rng.standard_normal(s, dtype=np.float32) * cfg.initializer_range
     zeros = lambda s: np.zeros(s, np.float32)

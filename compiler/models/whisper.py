@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import config_from
 from ..builder import Builder, Model
+from . import config_from, param_source
 
 
 @dataclass
@@ -64,14 +64,7 @@ def whisper_encoder(config, batch: int = 1, frames: int | None = None, weights: 
         prefix = next((p for p in ("model.encoder.", "encoder.") if f"{p}conv1.weight" in weights), "")
     b = Builder()
 
-    def param(name, shape, init, frozen=False):
-        name = prefix + name
-        value = weights.get(name)
-        if value is None:
-            value = init(shape)
-        elif tuple(np.shape(value)) != tuple(shape):
-            raise ValueError(f"{name}: weights give shape {np.shape(value)}, the config needs {tuple(shape)}")
-        return b.param(name, value, frozen=frozen)
+    param = param_source(b, weights, prefix)
 
     normal = lambda s: rng.standard_normal(s, dtype=np.float32) * cfg.init_std
     act = _GELU[cfg.activation_function]

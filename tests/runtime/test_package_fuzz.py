@@ -274,7 +274,7 @@ class CountingDevice:
         return getattr(self._device, name)
 
 
-def _run_loaded(device, pkg, good_pkg, rng):
+def _run_loaded(device, pkg, rng):
     """A mutated package that loaded must run, allocate no more than its manifest says,
     and leave the device usable."""
     counting = CountingDevice(device)
@@ -335,7 +335,7 @@ def test_ten_thousand_mutated_packages(good, device):
         if same and outcomes.get("ran", 0) >= 3:
             outcome = "metadata only"  # runs exactly as the good package (which runs below)
         else:
-            outcome = _run_loaded(device, pkg, good_pkg, nrng)
+            outcome = _run_loaded(device, pkg, nrng)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     elapsed = time.perf_counter() - start
     print(f"{len(cases)} mutated packages in {elapsed:.1f} s: {outcomes}")
@@ -429,7 +429,7 @@ def test_wgsl_edits_compile_or_are_refused(good, device):
         for kk in mm["kernels"]:  # the variants too, so whichever this device picks is edited
             if kk is not k and kk["entry"] == k["entry"] and rng.random() < 0.5:
                 kk["wgsl"] = k["wgsl"]
-        outcome = _run_loaded(device, Package.from_bytes(seal(mm, blob)), None, np.random.default_rng(0))
+        outcome = _run_loaded(device, Package.from_bytes(seal(mm, blob)), np.random.default_rng(0))
         refused += outcome == "refused at session"
     assert refused > 20
     _check_good_package_runs(device, Package.from_bytes(good))
