@@ -15,12 +15,27 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def profile(session, program: str, repeats: int = 5) -> list:
+def profile(session, program: str, repeats: int = 5, chunk: int = 2000) -> list:
+    """(median ms, kernel label, workgroups) per dispatch; chunks of `chunk` dispatches per
+    submit, since a query set holds at most 4096 timestamps."""
+    n = len(session.programs[program])
+    med = np.zeros(n)
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        med[lo:hi] = _profile_range(session, program, lo, hi, repeats)
+    pkg = session.package
+    rows = []
+    for i, d in enumerate(pkg.programs[program]["dispatches"]):
+        d = {**d, **d.get("variants", {}).get(session.device_class, {})}
+        rows.append((float(med[i]), pkg.manifest["kernels"][d["kernel"]]["label"], d["workgroups"]))
+    return rows
+
+
+def _profile_range(session, program, lo, hi, repeats):
     import wgpu
 
     dev = session.device
-    steps = session.programs[program]
-    n = len(steps)
+    n = hi - lo
     qs = dev.create_query_set(type="timestamp", count=2 * n)
     resolve = dev.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
     read = dev.create_buffer(size=16 * n, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
@@ -28,7 +43,7 @@ def profile(session, program: str, repeats: int = 5) -> list:
     for r in range(repeats + 1):
         enc = dev.create_command_encoder()
         for i in range(n):
-            session.record(enc, program, i, i + 1, pass_kwargs={"timestamp_writes": {
+            session.record(enc, program, lo + i, lo + i + 1, pass_kwargs={"timestamp_writes": {
                 "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1}})
         enc.resolve_query_set(qs, 0, 2 * n, resolve, 0)
         enc.copy_buffer_to_buffer(resolve, 0, read, 0, 16 * n)
@@ -38,13 +53,20 @@ def profile(session, program: str, repeats: int = 5) -> list:
         read.unmap()
         if r:
             times[r - 1] = (ticks[:, 1] - ticks[:, 0]) * 1e-6
-    med = np.median(times, axis=0)
-    pkg = session.package
-    rows = []
-    for i, d in enumerate(pkg.programs[program]["dispatches"]):
-        d = {**d, **d.get("variants", {}).get(session.device_class, {})}
-        rows.append((float(med[i]), pkg.manifest["kernels"][d["kernel"]]["label"], d["workgroups"]))
-    return rows
+    return np.median(times, axis=0)
+
+
+def summarize(rows, top_labels: int = 12, top_dispatches: int = 8) -> dict:
+    """Where the time goes: total, per kernel label (sum, count), and the slowest dispatches."""
+    tot = collections.defaultdict(lambda: [0.0, 0])
+    for ms, label, _ in rows:
+        tot[label][0] += ms
+        tot[label][1] += 1
+    labels = sorted(tot.items(), key=lambda kv: -kv[1][0])[:top_labels]
+    return {"total_ms": sum(r[0] for r in rows), "dispatches": len(rows),
+            "labels": [{"label": k, "ms": v[0], "count": v[1]} for k, v in labels],
+            "slowest": [{"label": lab, "ms": ms, "workgroups": list(wg)}
+                        for ms, lab, wg in sorted(rows, key=lambda r: -r[0])[:top_dispatches]]}
 
 
 def main(argv=None):

@@ -101,6 +101,11 @@ def run_one(name, spec, args, device, tdev):
             row[prog] = {"meganeura": ours, "torch": theirs,
                          "gpu_ratio": ours["gpu_ms"] / theirs["gpu_ms"] if ours["gpu_ms"] else None,
                          "wall_ratio": ours["wall_ms"] / theirs["wall_ms"]}
+        if args.profile:  # after the timed loops: one pass per dispatch inflates nothing they measure
+            from profile_program import profile, summarize
+
+            row["profile"] = {prog: summarize(profile(session, prog, repeats=3)) for prog in session.programs
+                              if prog in ("infer", "train_step")}
         if cuda:
             torch.cuda.synchronize()
             row["torch_peak_bytes"] = int(torch.cuda.max_memory_allocated() - base)
@@ -117,6 +122,8 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=50, help="timed runs per program and side (at most)")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds per timed loop, after which it stops early (default 6; 1 with --smoke)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also GPU time per dispatch, grouped by kernel label (bench.json's 'profile')")
     ap.add_argument("--smoke", action="store_true", help="tiny configurations; torch on the CPU without CUDA")
     args = ap.parse_args(argv)
     if args.budget is None:
@@ -141,6 +148,7 @@ def main(argv=None):
             "python": platform.python_version(), "features": sorted(device.features), "smoke": args.smoke,
             "iters": args.iters, "budget_s": args.budget}
     rows = []
+    out = Path(args.out)
     for name, spec in WORKLOADS.items():
         if args.only and name not in args.only:
             continue
@@ -156,8 +164,8 @@ def main(argv=None):
         if tdev == "cuda":
             torch.cuda.empty_cache()
         print(_line(row), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)  # after every workload, so a run cut short keeps what it measured
+        (out / "bench.json").write_text(json.dumps({"info": info, "rows": rows, "partial": True}, indent=1))
     summary = _summary(rows)
     (out / "bench.json").write_text(json.dumps({"info": info, "rows": rows, "summary": summary}, indent=1))
     table = _table(info, rows, summary)

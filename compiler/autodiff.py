@@ -5,7 +5,6 @@ frozen parameters (and everything that depends only on them) cost nothing.
 """
 from __future__ import annotations
 
-
 from .ops import NOT_DIFFERENTIABLE, OPS
 
 
@@ -24,13 +23,16 @@ def vjp(e, out: int, cotangent: int, wrt: list) -> dict:
     g = e.g
     needs = [False] * (out + 1)
     wanted = set(wrt)
-    for i in range(out + 1):
+    # inputs precede their users: nothing before the first wanted node depends on one (a
+    # decomposed op's vjp over its few new nodes must not walk the whole graph: O(N^2))
+    lo = min(wanted, default=out + 1)
+    for i in range(lo, out + 1):
         n = g.nodes[i]
         needs[i] = i in wanted or (n.op not in NOT_DIFFERENTIABLE and any(needs[j] for j in n.inputs))
     if not needs[out]:
         return {}
     grad = {out: cotangent}
-    for i in range(out, -1, -1):
+    for i in range(out, lo - 1, -1):
         if i not in grad or not needs[i] or i in wanted:
             continue  # wanted nodes are where the sweep stops: their gradient is the answer
         n = g.nodes[i]

@@ -216,9 +216,27 @@ def _read_offsets(user, inp):
     return out
 
 
-def _reduce(sched: Schedule, k: Kernel) -> KernelCode:
+def reduce_split(outer: int, red: int, inner: int, roots: int = 1) -> int:
+    """Slices of the reduced axis, each reduced by its own threads before a second pass
+    combines them, when one thread (columns) or one workgroup (rows) per output would
+    leave the GPU mostly idle walking a long axis (bias and norm-weight gradients: a few
+    hundred outputs over thousands of rows, 0.1 ms each, half of a training step)."""
+    if inner == 1 and red > 64:  # rows: a workgroup per (row, slice), >= 2048 elements each
+        if outer * roots >= 256 or red < 4096:
+            return 1
+        s = min(-(-512 // (outer * roots)), red // 2048, 64)
+    else:  # columns: a thread per (output, slice), >= 32 rows each
+        if outer * inner * roots >= 32768 or red < 64:
+            return 1
+        s = min(-(-65536 // (outer * inner * roots)), red // 32, 256)
+    s = max(1, s)
+    return -(-red // -(-red // s))  # no empty slice
+
+
+def _reduce(sched: Schedule, k: Kernel):
     """One reduction, or several of one geometry (the z workgroup index picks which), each
-    reading its input through an elementwise prologue computed in its loads."""
+    reading its input through an elementwise prologue computed in its loads. A long axis
+    under few outputs is split: partials per slice, then a pass combining them."""
     g = sched.graph
     n = g.nodes[k.roots[0]]
     shape = g.nodes[n.inputs[0]].shape
@@ -226,7 +244,56 @@ def _reduce(sched: Schedule, k: Kernel) -> KernelCode:
     outer = int(np.prod(shape[:axes[0]], dtype=np.int64))
     red = int(np.prod(shape[axes[0]:axes[-1] + 1], dtype=np.int64))
     inner = int(np.prod(shape[axes[-1] + 1:], dtype=np.int64))
+    is_max = n.op == "reduce_max"
+    init = f32_literal(float("-inf")) if is_max else "0.0"
+    combine = "fn combine(a: f32, b: f32) -> f32 { return " + ("max(a, b)" if is_max else "a + b") + "; }"
+    label = n.op if len(k.roots) == 1 else f"{n.op} x{len(k.roots)}"
+    nz = len(k.roots)
+    split = reduce_split(outer, red, inner, nz)
     bind = _Bindings(g, sched.storage)
+    out_bind = bind if split == 1 else _Bindings(g, sched.storage)
+    loads, stores, uses_prelude = _reduce_io(sched, k, bind, out_bind)
+    pick_load = _pick("load(which: u32, idx: u32) -> f32", [f"return load{j}(idx);" for j in range(nz)])
+    pick_store = _pick("store(which: u32, idx: u32, v: f32)", stores)
+    rows = inner == 1 and red > 64
+    if split == 1:
+        decls = "\n".join([bind.decls(), render("prelude") if uses_prelude else "", combine, *loads,
+                           pick_load, pick_store])
+        if rows:
+            wgsl = render("reduce_rows", BINDINGS=decls, OUTER=outer, R=red, INIT=init, COMBINE="combine")
+            x, y, _ = grid(outer)
+            return KernelCode(wgsl, (64, 1, 1), bind.list(), (x, y, nz), label)
+        wgsl = render("reduce_cols", BINDINGS=decls, OUTER=outer, R=red, INNER=inner, INIT=init, COMBINE="combine")
+        x, y, _ = grid(-(-outer * inner // WG))
+        return KernelCode(wgsl, (WG, 1, 1), bind.list(), (x, y, nz), label)
+    rs = -(-red // split)
+    temp = ("temp", next(_temp_ids))
+    partial = f"@group(0) @binding({len(bind.slots)}) var<storage, read_write> partial: array<f32>;"
+    decls = "\n".join([bind.decls(), partial, render("prelude") if uses_prelude else "", combine, *loads, pick_load])
+    common = {"BINDINGS": decls, "OUTER": outer, "R": red, "S": split, "RS": rs, "INIT": init, "COMBINE": "combine"}
+    if rows:
+        first = KernelCode(render("reduce_rows_split", **common), (64, 1, 1), bind.list() + [(temp, "read_write")],
+                           (*grid(outer * split)[:2], nz), label + "/split")
+    else:
+        first = KernelCode(render("reduce_cols_split", INNER=inner, **common), (WG, 1, 1),
+                           bind.list() + [(temp, "read_write")], (*grid(-(-split * outer * inner // WG))[:2], nz),
+                           label + "/split")
+    first.temps = {temp: nz * split * outer * inner * 4}
+    out_decls = [line.replace(f"@binding({b})", f"@binding({b + 1})", 1)
+                 for b, line in enumerate(out_bind.decls().splitlines())]
+    decls2 = "\n".join(["@group(0) @binding(0) var<storage, read> partial: array<f32>;", *out_decls, combine,
+                        pick_store])
+    second = KernelCode(render("reduce_partials", BINDINGS=decls2, OUTPUTS=outer * inner, S=split, INIT=init,
+                               COMBINE="combine"),
+                        (WG, 1, 1), [(temp, "read")] + out_bind.list(), (*grid(-(-outer * inner // WG))[:2], nz),
+                        label + "/combine")
+    return [first, second]
+
+
+def _reduce_io(sched: Schedule, k: Kernel, bind: _Bindings, out_bind: _Bindings):
+    """WGSL functions load{j}(idx) (the prologue of reduction j, bindings in `bind`) and the
+    store statement of each root (bindings in `out_bind`; the same object for one kernel)."""
+    g = sched.graph
     loads, stores, uses_prelude = [], [], False
     for j, r in enumerate(k.roots):
         x = base_of(g, g.nodes[r].inputs[0])
@@ -239,31 +306,17 @@ def _reduce(sched: Schedule, k: Kernel) -> KernelCode:
                          + f"\n    return f32({values[x]});\n}}")  # (f32() of an f32 is free; i32 sums count)
         else:
             loads.append(f"fn load{j}(idx: u32) -> f32 {{ return f32({bind.use(x)}[idx]); }}")
-        out = bind.use(r, write=True)
+        out = out_bind.use(r, write=True)
         stores.append(f"{out}[idx] = {_wtype(g.nodes[r].dtype)}(v);")
-    if len(k.roots) == 1:
-        pick = "fn load(which: u32, idx: u32) -> f32 { return load0(idx); }\n" \
-               f"fn store(which: u32, idx: u32, v: f32) {{ {stores[0]} }}"
-    else:
-        cases = "".join(f"        case {j}u: {{ return load{j}(idx); }}\n" for j in range(len(k.roots) - 1))
-        last = len(k.roots) - 1
-        pick = ("fn load(which: u32, idx: u32) -> f32 {\n    switch which {\n" + cases
-                + f"        default: {{ return load{last}(idx); }}\n    }}\n}}\n"
-                + "fn store(which: u32, idx: u32, v: f32) {\n    switch which {\n"
-                + "".join(f"        case {j}u: {{ {t} }}\n" for j, t in enumerate(stores[:-1]))
-                + f"        default: {{ {stores[-1]} }}\n    }}\n}}")
-    is_max = n.op == "reduce_max"
-    combine = "fn combine(a: f32, b: f32) -> f32 { return " + ("max(a, b)" if is_max else "a + b") + "; }"
-    decls = "\n".join([bind.decls(), render("prelude") if uses_prelude else "", combine, *loads, pick])
-    init = f32_literal(float("-inf")) if is_max else "0.0"
-    label = n.op if len(k.roots) == 1 else f"{n.op} x{len(k.roots)}"
-    if inner == 1 and red > 64:
-        wgsl = render("reduce_rows", BINDINGS=decls, OUTER=outer, R=red, INIT=init, COMBINE="combine")
-        x, y, _ = grid(outer)
-        return KernelCode(wgsl, (64, 1, 1), bind.list(), (x, y, len(k.roots)), label)
-    wgsl = render("reduce_cols", BINDINGS=decls, OUTER=outer, R=red, INNER=inner, INIT=init, COMBINE="combine")
-    x, y, _ = grid(-(-outer * inner // WG))
-    return KernelCode(wgsl, (WG, 1, 1), bind.list(), (x, y, len(k.roots)), label)
+    return loads, stores, uses_prelude
+
+
+def _pick(signature: str, bodies: list) -> str:
+    """load(which, idx) / store(which, idx, v): a switch over the z layer's reduction."""
+    if len(bodies) == 1:
+        return f"fn {signature} {{ {bodies[0]} }}"
+    cases = "".join(f"        case {j}u: {{ {b} }}\n" for j, b in enumerate(bodies[:-1]))
+    return f"fn {signature} {{\n    switch which {{\n{cases}        default: {{ {bodies[-1]} }}\n    }}\n}}"
 
 
 def _chain(g, start: int, members: set) -> set:

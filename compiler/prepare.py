@@ -30,8 +30,6 @@ def prepare(graph: Graph) -> Graph:
             return low[2](e, node)
         if node.op in ("reduce_sum", "reduce_max") and not _adjacent(node, out.nodes[node.inputs[0]].shape):
             return _split_reduce(e, node, node.inputs[0])
-        if node.op in ("reduce_sum", "reduce_max") and _long_reduce(node, out.nodes[node.inputs[0]].shape):
-            return _two_stage_reduce(e, node, node.inputs[0])
         key = (node.op, node.dtype, node.shape, node.inputs, node.attrs)
         if node.op in ("input", "param", "state", "constant"):
             key = (node.op, node.attr("name"))
@@ -95,34 +93,6 @@ def _reduce_dims(n: Node, shape):
 
 
 @functools.cache
-def _chunks(red: int) -> int:
-    """A divisor of `red` near its square root (0 when there is none worth using); the
-    smaller one on a tie. Cached: the same lengths recur (sorting every candidate per call
-    cost 0.7 s of an SD-size training graph)."""
-    root = red ** 0.5
-    divisors = (s for s in range(32, int(root) * 2 + 1) if red % s == 0)
-    return min(divisors, key=lambda s: (abs(s - root), s), default=0)
-
-
-def _long_reduce(n: Node, shape) -> bool:
-    """Few outputs over a long axis: one workgroup would walk it alone."""
-    axes, outer, red, inner = _reduce_dims(n, shape)
-    return red >= 8192 and outer * inner <= 1024 and _chunks(red) > 0
-
-
-def _two_stage_reduce(e: Emitter, n: Node, x: int) -> int:
-    """Reduce [outer, S * T, inner] as [outer, S, T, inner] over T, then over S: S
-    workgroups share the long axis (a view: no copy)."""
-    shape = e.shape(x)
-    axes, outer, red, inner = _reduce_dims(n, shape)
-    s = _chunks(red)
-    view = e.reshape(x, shape[:axes[0]] + (s, red // s) + shape[axes[-1] + 1:])
-    k = axes[0]
-    y = e.op(n.op, view, axes=(k + 1,), keepdims=True)
-    y = e.op(n.op, y, axes=(k,), keepdims=True)
-    return e.reshape(y, n.shape)
-
-
 def _split_reduce(e: Emitter, n: Node, x: int) -> int:
     """A reduction over non-adjacent axes becomes one reduction per run of adjacent axes,
     so each kernel sees [outer, reduced, inner]."""
