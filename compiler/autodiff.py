@@ -21,18 +21,25 @@ def gradients(e, loss: int, wrt: list) -> dict:
 def vjp(e, out: int, cotangent: int, wrt: list) -> dict:
     """The vector-Jacobian product: gradients of sum(out * cotangent) w.r.t. `wrt`."""
     g = e.g
-    needs = [False] * (out + 1)
     wanted = set(wrt)
-    # inputs precede their users: nothing before the first wanted node depends on one (a
-    # decomposed op's vjp over its few new nodes must not walk the whole graph: O(N^2))
-    lo = min(wanted, default=out + 1)
-    for i in range(lo, out + 1):
+    # the nodes between `out` and the wanted ones: a decomposed op's vjp walks its own few
+    # nodes, not the whole graph (that was O(N^2) over an SD-size training graph)
+    between, stack = set(), [out]
+    while stack:
+        i = stack.pop()
+        if i not in between:
+            between.add(i)
+            if i not in wanted:
+                stack.extend(g.nodes[i].inputs)
+    order = sorted(between)
+    needs = {}
+    for i in order:
         n = g.nodes[i]
-        needs[i] = i in wanted or (n.op not in NOT_DIFFERENTIABLE and any(needs[j] for j in n.inputs))
+        needs[i] = i in wanted or (n.op not in NOT_DIFFERENTIABLE and any(needs.get(j, False) for j in n.inputs))
     if not needs[out]:
         return {}
     grad = {out: cotangent}
-    for i in range(out, lo - 1, -1):
+    for i in reversed(order):
         if i not in grad or not needs[i] or i in wanted:
             continue  # wanted nodes are where the sweep stops: their gradient is the answer
         n = g.nodes[i]

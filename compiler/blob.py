@@ -1,49 +1,96 @@
 """The weights blob (safetensors) and the package bytes around it, made on threads.
 
-At SD-1.5 size the blob is 3.2 GB. Hashing it (sha256 runs ~1.7 GB/s on one core) and
-copying it into fresh memory (page faults, not the copy, cost ~2 s on the 2-core
-development VM) were the whole of writing a package, one after the other. Both release
-the GIL, so here they run on threads: the hash can start while the compiler still
-schedules (`Blob.start_hash`), and the copies fill one preallocated bytes object from
-several threads, each array copied once.
+At SD-1.5 size the blob is 3.4 GB, and on the 2-core development VM producing it was
+half of compiling: a checksum over every byte, and fresh memory for the package (first
+touch of a page, not the copy, is what costs: ~1 s per 3.4 GB and core). So:
+- the checksum is a CRC-32 per 16 MiB chunk (`CHUNK`), computed on threads while the
+  compiler still schedules (`Blob.start_checksums`), and at load verified in parallel. It
+  guards against damage (truncation, flipped bits), not forgery: anyone who can edit a
+  package can recompute any checksum stored in it. (CRC-32 runs at 4.2 GB/s per core
+  here, sha256 at 1.8.)
+- the package's bytes object is reserved and its pages touched on a thread from the start
+  of a compile (`Reservation`), at an estimated size; at the end it is resized in place
+  to the exact length and filled by plain copies.
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import os
 import struct
 import sys
 import threading
+import zlib
 
 import numpy as np
 
-CHUNK = 64 << 20  # bytes per copy task: small enough to share, large enough to cost little GIL traffic
+CHUNK = 16 << 20  # bytes per checksum chunk (a fixed part of the format: docs/PACKAGE.md)
+COPY = 64 << 20  # bytes per copy task
 
 # A bytes object is immutable once shared; filling a fresh one before anyone else sees
-# it is how C code builds one (PyBytes_FromStringAndSize with NULL). bytes.join would
-# allocate the same object but fill it on one thread, holding the GIL for memoryviews.
+# it is how C code builds one (PyBytes_FromStringAndSize with NULL; _PyBytes_Resize, the
+# documented way to resize one still being built). Raw pointers, not py_object: the
+# object may move when resized, and ctypes would keep a reference to the old address.
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
-_new_bytes.restype = ctypes.py_object
+_new_bytes.restype = ctypes.c_void_p
 _new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+_resize_bytes = getattr(ctypes.pythonapi, "_PyBytes_Resize", None)
+if _resize_bytes is not None:
+    _resize_bytes.restype = ctypes.c_int
+    _resize_bytes.argtypes = (ctypes.POINTER(ctypes.c_void_p), ctypes.c_ssize_t)
 _bytes_address = ctypes.pythonapi.PyBytes_AsString
 _bytes_address.restype = ctypes.c_void_p
-_bytes_address.argtypes = (ctypes.py_object,)
-# ctypes.memmove itself is a CFUNCTYPE: calls release the GIL while they copy
+_bytes_address.argtypes = (ctypes.c_void_p,)
+_decref = ctypes.pythonapi.Py_DecRef
+_decref.argtypes = (ctypes.c_void_p,)
+# ctypes.memmove / memset are CFUNCTYPEs: calls release the GIL while they copy
 _memmove = ctypes.memmove
+
+
+def cpus() -> int:
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(n, 8))  # more copies in flight than that only queue for memory
+
+
+def chunk_ranges(length: int, chunk: int | None = None) -> list:
+    chunk = chunk or CHUNK
+    return [(o, min(length, o + chunk)) for o in range(0, length, chunk)] or [(0, 0)]
+
+
+def _run_tasks(tasks: list, threads: int):
+    """Run callables on `threads` threads (the caller's included); re-raise the first error."""
+    it, lock, errors = iter(tasks), threading.Lock(), []
+
+    def work():
+        while True:
+            with lock:
+                task = next(it, None)
+            if task is None:
+                return
+            try:
+                task()
+            except BaseException as exc:  # noqa: BLE001  (handed to the caller below)
+                errors.append(exc)
+                return
+    helpers = [threading.Thread(target=work, daemon=True) for _ in range(max(0, min(threads, len(tasks)) - 1))]
+    for t in helpers:
+        t.start()
+    work()
+    for t in helpers:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 _handoff = {"users": 0, "saved": None, "lock": threading.Lock()}
 
 
 def _quick_handoff(on: bool):
-    """While a hash runs, ask threads holding the GIL to pass it on after 0.2 ms, not 5.
+    """While checksums run, ask threads holding the GIL to pass it on after 0.2 ms, not 5.
 
-    Each update() releases the GIL and needs it back to return; with the compiler busy in
-    Python on the main thread, every return waited out the 5 ms switch interval: the SD
-    blob (~400 arrays) hashed in 5.0 s beside a busy thread, 2.1 s alone. The interval is
-    process-wide: the first hash lowers it, the last one restores it."""
+    Each zlib call releases the GIL and needs it back to return; with the compiler busy in
+    Python on the main thread, every return waited out the 5 ms switch interval. The
+    interval is process-wide: the first user lowers it, the last one restores it."""
     with _handoff["lock"]:
         _handoff["users"] += 1 if on else -1
         if on and _handoff["users"] == 1:
@@ -54,7 +101,7 @@ def _quick_handoff(on: bool):
 
 
 class Blob:
-    """The safetensors encoding of name -> array (sorted by name) and its sha256."""
+    """The safetensors encoding of name -> array (sorted by name) and its chunk checksums."""
 
     def __init__(self, tensors: dict):
         header, offset, self.arrays = {}, 0, []
@@ -69,32 +116,64 @@ class Blob:
         text += b" " * (-len(text) % 8)
         self.head = struct.pack("<Q", len(text)) + text
         self.length = len(self.head) + offset
-        self._digest = None
-        self._thread = None
+        self._crcs = None
+        self._threads = []
 
     def same(self, tensors: dict) -> bool:
         """Does this blob hold exactly these arrays (the same objects)?"""
         return len(tensors) == len(self.arrays) and all(tensors.get(n) is a for n, a in self.arrays)
 
-    def _hash(self):
+    def _views(self):
+        """(start in the blob, bytes view) of the head and of every array, in order."""
+        yield 0, memoryview(self.head)
+        at = len(self.head)
+        for _, arr in self.arrays:
+            yield at, memoryview(arr.reshape(-1)).cast("B")  # no copy
+            at += arr.nbytes
+
+    def _chunk_tasks(self):
+        """One task per CHUNK of the blob, each a CRC-32 over the pieces of the arrays in it."""
+        ranges = chunk_ranges(self.length)
+        pieces = [[] for _ in ranges]
+        for start, view in self._views():
+            end, pos = start + len(view), start
+            while pos < end:
+                c = pos // CHUNK
+                stop = min(end, (c + 1) * CHUNK)
+                pieces[c].append(view[pos - start:stop - start])
+                pos = stop
+        crcs = self._crcs = [0] * len(ranges)
+
+        def crc(c):
+            v = 0
+            for p in pieces[c]:
+                v = zlib.crc32(p, v)
+            crcs[c] = v
+        return [lambda c=c: crc(c) for c in range(len(ranges))]
+
+    def start_checksums(self, threads: int | None = None):
+        """Checksum the chunks on `threads` threads (default: all cores but the caller's)."""
+        if self._threads:
+            return
+        tasks = self._chunk_tasks()
         _quick_handoff(True)
-        try:
-            h = hashlib.sha256(self.head)
-            for _, arr in self.arrays:
-                h.update(memoryview(arr.reshape(-1)).cast("B"))  # no copy; releases the GIL
-            self._digest = h.hexdigest()
-        finally:
-            _quick_handoff(False)
+        done = threading.Event()
 
-    def start_hash(self):
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._hash, name="blob sha256", daemon=True)
-            self._thread.start()
+        def run():
+            try:
+                _run_tasks(tasks, threads or max(1, cpus() - 1))
+            finally:
+                done.set()
+                _quick_handoff(False)
+        self._threads = [threading.Thread(target=run, name="blob checksums", daemon=True)]
+        self._threads[0].start()
 
-    def sha256(self) -> str:
-        self.start_hash()
-        self._thread.join()
-        return self._digest
+    def checksums(self) -> bytes:
+        """The chunks' CRC-32s, 4 bytes each, big-endian (a fixed length for the manifest)."""
+        self.start_checksums()
+        for t in self._threads:
+            t.join()
+        return b"".join(struct.pack(">I", c) for c in self._crcs)
 
     def copies(self, addr: int):
         """(destination, source, bytes) tasks that put the blob at address `addr`."""
@@ -102,50 +181,92 @@ class Blob:
         at = addr + len(self.head)
         for _, arr in self.arrays:
             src, n = arr.ctypes.data, arr.nbytes
-            for o in range(0, n, CHUNK):
-                yield at + o, src + o, min(CHUNK, n - o)
+            for o in range(0, n, COPY):
+                yield at + o, src + o, min(COPY, n - o)
             at += n
 
 
-def package_bytes(head_of, blob: Blob) -> bytes:
-    """head | blob | sha256(head) as one new bytes object. `head_of(digest)` is the bytes
-    before the blob given the blob's sha256; its length must not depend on the digest:
-    the copies start before the hash is done."""
-    blob.start_hash()
-    head_len = len(head_of("0" * 64))
-    total = head_len + blob.length + 32
-    out = _new_bytes(None, total)
-    addr = _bytes_address(out)
-    tasks = iter(list(blob.copies(addr + head_len)))
-    lock = threading.Lock()
-    copied = []
+_PAGE = 4096
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+: the kernel faults the pages in, 3x faster than touching them
+try:
+    _madvise = ctypes.CDLL(None, use_errno=True).madvise
+    _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    _madvise.restype = ctypes.c_int
+except (OSError, AttributeError):  # not Linux / no libc symbol: touch the pages instead
+    _madvise = None
 
-    def copy():
-        while True:
-            with lock:
-                task = next(tasks, None)
-            if task is None:
-                return
-            _memmove(*task)
-            copied.append(task[2])
 
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    cpus = max(1, min(cpus, 8))  # more copies in flight than that only queue for memory
-    workers = []
+def _touch(addr: int, n: int):
+    """Fault in the pages of [addr, addr + n) (the GIL released)."""
+    lo, hi = -(-addr // _PAGE) * _PAGE, (addr + n) // _PAGE * _PAGE
+    if _madvise is None or hi <= lo or _madvise(lo, hi - lo, _MADV_POPULATE_WRITE) != 0:
+        ctypes.memset(addr, 0, n)
 
-    def more(n):
-        for _ in range(n):
-            workers.append(threading.Thread(target=copy, name="blob copy", daemon=True))
-            workers[-1].start()
+
+class Reservation:
+    """A bytes object reserved early, its pages touched on a thread while the compiler
+    works, and resized in place to the package's exact length at the end (a shrink gives
+    pages back; a growth may move the mapping, never copying it)."""
+
+    def __init__(self, size: int):
+        self.ptr = ctypes.c_void_p(None)
+        self.size = 0
+        self._thread = None
+        if _resize_bytes is None or size < (64 << 20):
+            return  # small packages: nothing to gain
+        ptr = _new_bytes(None, size)
+        if not ptr:
+            raise MemoryError(f"cannot reserve {size} bytes for the package")
+        self.ptr, self.size = ctypes.c_void_p(ptr), size
+        addr = _bytes_address(self.ptr)
+        step = 8 << 20  # short calls: each holds the process's memory-map lock
+        parts = [(addr + o, min(step, size - o)) for o in range(0, size, step)]
+        self._thread = threading.Thread(target=_run_tasks, args=(
+            [lambda a=a, n=n: _touch(a, n) for a, n in parts], max(1, cpus() - 1)), name="package pages", daemon=True)
+        self._thread.start()
+
+    def take(self, size: int) -> int:
+        """A bytes object of exactly `size` bytes, unshared, as a raw owned pointer."""
+        if self._thread is not None:
+            self._thread.join()
+        if self.ptr.value and _resize_bytes(ctypes.byref(self.ptr), size) == 0:
+            ptr, self.ptr = self.ptr.value, ctypes.c_void_p(None)
+            return ptr
+        self.ptr = ctypes.c_void_p(None)  # _PyBytes_Resize freed it on failure
+        ptr = _new_bytes(None, size)
+        if not ptr:
+            raise MemoryError(f"cannot allocate {size} bytes for the package")
+        return ptr
+
+    def release(self):
+        if self._thread is not None:
+            self._thread.join()
+        if self.ptr.value:
+            _decref(self.ptr)
+            self.ptr = ctypes.c_void_p(None)
+
+
+def package_bytes(head_of, blob: Blob, tail_of, reservation: Reservation | None = None) -> bytes:
+    """head | blob | tail as one new bytes object. `head_of(checksums)` is the bytes
+    before the blob given the blob's chunk checksums; its length must not depend on them:
+    the copies start before they are done. `tail_of(head)`: the bytes after the blob."""
+    blob.start_checksums()
+    head_len = len(head_of(b"\0" * 4 * len(chunk_ranges(blob.length))))
+    tail_len = len(tail_of(b""))
+    total = head_len + blob.length + tail_len
+    ptr = (reservation or Reservation(0)).take(total)
     try:
-        more(max(1, cpus - 1))  # the hash, if still running, holds a core; copies take the rest
-        head = head_of(blob.sha256())
-        more(cpus - len(workers))  # ... then all of them
+        addr = _bytes_address(ctypes.c_void_p(ptr))
+        copied = []
+        tasks = [lambda t=t: (_memmove(*t), copied.append(t[2])) for t in blob.copies(addr + head_len)]
+        _run_tasks(tasks, cpus())
+        head = head_of(blob.checksums())
+        tail = tail_of(head)
+        if len(head) != head_len or len(tail) != tail_len or sum(copied) != blob.length:
+            raise AssertionError("package bytes: the head changed length, or a copy failed")
+        _memmove(addr, head, head_len)
+        _memmove(addr + head_len + blob.length, tail, tail_len)
+        out = ctypes.cast(ptr, ctypes.py_object).value  # a new reference ...
     finally:
-        for w in workers:  # never let `out` go while a thread still writes into it
-            w.join()
-    if len(head) != head_len or sum(copied) != blob.length:
-        raise AssertionError("package bytes: the head changed length, or a copy failed")
-    _memmove(addr, head, head_len)
-    _memmove(addr + total - 32, hashlib.sha256(head).digest(), 32)
+        _decref(ptr)  # ... and ours goes (freeing the object if something above failed)
     return out

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from . import __version__
+from .blob import Reservation
 from .builder import Model
 from .package_writer import PackageBuilder
 from .prepare import prepare
@@ -22,6 +25,7 @@ def compile_model(model: Model, train: TrainConfig | None = None, source: dict |
     t0 = time.perf_counter()
     step = progress or (lambda name: None)
     pb = PackageBuilder(__version__, share_scratch)
+    pb.reservation = Reservation(estimated_package_bytes(model))  # its pages are touched meanwhile
     step("forward graph")
     fwd = prepare(model.graph)
     meta = {"source": source or {}, "batch": _batch_info(model)}
@@ -41,6 +45,13 @@ def compile_model(model: Model, train: TrainConfig | None = None, source: dict |
     step("write package")
     meta["compile_seconds"] = round(time.perf_counter() - t0, 4)
     return pb.write(meta)
+
+
+def estimated_package_bytes(model: Model) -> int:
+    """Weights plus a generous head (kernels, plan): the Reservation shrinks to fit; growing
+    past it only costs the pages not touched in advance."""
+    weights = sum(int(np.asarray(v).size) * 4 for v in model.params.values() if v is not None)
+    return weights + weights // 64 + (4 << 20)
 
 
 def _batch_info(model: Model) -> dict | None:

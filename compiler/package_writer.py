@@ -3,24 +3,24 @@
 File layout (runtime/package.py reads it; docs/PACKAGE.md describes it):
   MAGIC (8 bytes) | u32 format version | u64 manifest length | manifest (msgpack)
   | u64 blob length | blob (safetensors: parameters and non-zero initial state)
-  | sha256 of everything before the blob (32 bytes; the manifest holds the blob's sha256)
+  | sha256 of everything before the blob (32 bytes; the manifest holds the blob's CRC-32s)
 """
 from __future__ import annotations
 
-import bisect
 import hashlib
 import struct
 
 import msgpack
 import numpy as np
 
+from . import blob as blobs
 from .blob import Blob, package_bytes
 from .codegen import KernelCode, generate
 from .schedule import Schedule, base_of
 
 MAGIC = b"MNPK\r\n\x1a\n"
 FORMAT_NAME = "meganeura-package"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 ALIGN = 16
 
 
@@ -44,7 +44,8 @@ class PackageBuilder:
         self.programs = {}
         self.blob = {}  # name -> ndarray
         self._arrays = {}  # name -> (source value, dtype, array as stored): one conversion per value
-        self._early = None  # a Blob predicted by start_blob_hash, hashing on a thread
+        self._early = None  # a Blob predicted by start_blob_hash, checksummed on threads
+        self.reservation = None  # the package's bytes, reserved early (compile.py)
         self.max_bindings = 0
         self.max_workgroups = 0
 
@@ -92,7 +93,7 @@ class PackageBuilder:
                 if _stored(n.op, value):
                     tensors[name] = self._array(name, n.dtype, value)
         self._early = Blob(tensors)
-        self._early.start_hash()
+        self._early.start_checksums()
 
     def add_program(self, name: str, sched: Schedule, extra: dict | None = None):
         g = sched.graph
@@ -169,19 +170,25 @@ class PackageBuilder:
                 "max_storage_buffer_binding_size": max(self.buffers, default=0),
                 "max_buffer_size": max(self.buffers, default=0)}},
             "buffers": self.buffers, "tensors": self.tensors, "kernels": self.kernels,
-            "programs": self.programs, "blob_sha256": None,
+            "programs": self.programs,
+            "blob_checksum": {"algorithm": "crc32", "chunk_bytes": blobs.CHUNK, "values": b""},
             "memory": {"buffer_bytes": int(sum(self.buffers)), "persistent_bytes": int(persistent),
                        "shared_scratch": bool(self.share_scratch)},
             **meta,
         }
 
-        def head_of(blob_digest):  # the manifest holds the blob's sha256: a fixed-length string
-            man = msgpack.packb({**manifest, "blob_sha256": blob_digest}, use_bin_type=True)
+        def head_of(crcs):  # 4 bytes per chunk: the length is known before the values
+            man = msgpack.packb({**manifest, "blob_checksum": {**manifest["blob_checksum"], "values": crcs}},
+                                use_bin_type=True)
             return MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(man)) + man + struct.pack("<Q", blob.length)
 
-        # the trailing digest covers everything up to the blob; the manifest holds the blob's
-        # own sha256, so the weights are hashed once (3.2 GB for an SD-size U-Net)
-        return package_bytes(head_of, blob)
+        # the trailing digest covers everything up to the blob; the manifest holds the
+        # blob's chunk checksums, so the weights are read once (3.4 GB for an SD U-Net)
+        try:
+            return package_bytes(head_of, blob, lambda head: hashlib.sha256(head).digest(), self.reservation)
+        finally:
+            if self.reservation is not None:
+                self.reservation.release()
 
 
 def _pack_by_lifetime(first: dict, last: dict, size_of, new_buffer, buffers, pool=()) -> dict:
@@ -190,22 +197,22 @@ def _pack_by_lifetime(first: dict, last: dict, size_of, new_buffer, buffers, poo
     new buffer. Placing in time order and growing buffers to fit left 10-20% of the bytes
     unused (Whisper-tiny training: 34 of 303 MB)."""
     placed = {}
-    # per buffer: (buffer, [(first, last), ...] sorted); `pool`: other programs' buffers, free here
-    spans = [(b, []) for b in sorted(pool, key=lambda b: -buffers[b])]
+    # per buffer: [buffer, bytes, the dispatches it is busy in as a bit mask]; `pool`: other
+    # programs' buffers, free here. (Bit masks, not sorted interval lists: one AND per try
+    # instead of a bisect, 0.4 s -> 0.1 s over an SD-size training step's ~10,000 tensors.)
+    spans = [[b, buffers[b], 0] for b in sorted(pool, key=lambda b: -buffers[b])]
     size = {s: size_of(s) for s in first}
     for s in sorted(first, key=lambda s: (-size[s], first[s], s)):
-        f, l_, need = first[s], last[s], size[s]
-        for b, busy in spans:
-            if buffers[b] < need:
-                continue
-            i = bisect.bisect_left(busy, (f, -1))
-            if (i == len(busy) or busy[i][0] > l_) and (i == 0 or busy[i - 1][1] < f):
-                busy.insert(i, (f, l_))
-                placed[s] = b
+        need = size[s]
+        busy = ((1 << (last[s] - first[s] + 1)) - 1) << first[s]
+        for span in spans:
+            if span[1] >= need and not span[2] & busy:
+                span[2] |= busy
+                placed[s] = span[0]
                 break
         else:
             b = new_buffer(need)
-            spans.append((b, [(f, l_)]))
+            spans.append([b, need, busy])
             placed[s] = b
     return placed
 

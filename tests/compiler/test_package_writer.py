@@ -1,5 +1,11 @@
 """The package writer: the same input gives the same bytes, and what it writes loads back
 (manifest, checksums, weights bit for bit) through the runtime's own reader."""
+import hashlib
+import json
+import struct
+import sys
+import zlib
+
 import numpy as np
 import pytest
 from meganeura.compiler import Builder, TrainConfig, blob, compile_model
@@ -9,7 +15,7 @@ from meganeura.compiler.models import unet
 from meganeura.compiler.package_writer import PackageBuilder
 from meganeura.compiler.prepare import prepare
 from meganeura.compiler.schedule import schedule
-from meganeura.runtime import Package
+from meganeura.runtime import Package, PackageError
 
 
 class _Clock:  # compile_model records its own duration in the manifest: pin it
@@ -53,7 +59,8 @@ def test_weights_round_trip_exactly():
 
 
 def test_copies_split_into_many_chunks_land_in_place(monkeypatch):
-    monkeypatch.setattr(blob, "CHUNK", 24)  # every array split, copies racing over threads
+    monkeypatch.setattr(blob, "COPY", 24)  # every array split, copies racing over threads
+    monkeypatch.setattr(blob, "CHUNK", 1024)  # and checksummed in pieces across arrays
     model = _model()
     pkg = Package.from_bytes(compile_model(model))
     for name, value in model.params.items():
@@ -78,19 +85,18 @@ def test_a_blob_hashed_early_but_then_different_is_hashed_again():
     assert pb1.write({}) == pb2.write({})
 
 
+def _crcs(data: bytes) -> bytes:
+    return b"".join(struct.pack(">I", zlib.crc32(data[o:o + blob.CHUNK])) for o in range(0, len(data), blob.CHUNK))
+
+
 def test_package_bytes_layout():
     arrays = {"b": np.arange(5, dtype=np.int32), "a": np.linspace(0, 1, 300, dtype=np.float32).reshape(3, 100)}
     b = blob.Blob(arrays)
-    out = blob.package_bytes(lambda digest: b"HEAD" + digest.encode(), b)
-    assert isinstance(out, bytes)
-    import hashlib
-    import json
-    import struct
-
-    blob_bytes = out[4 + 64:-32]
-    assert out[4:4 + 64].decode() == hashlib.sha256(blob_bytes).hexdigest() == b.sha256()
-    assert out.startswith(b"HEAD") and len(blob_bytes) == b.length
-    assert out[-32:] == hashlib.sha256(out[:4 + 64]).digest()
+    out = blob.package_bytes(lambda crcs: b"HEAD" + crcs, b, lambda head: hashlib.sha256(head).digest())
+    assert isinstance(out, bytes) and sys.getrefcount(out) == 2  # ours alone (plus getrefcount's argument)
+    blob_bytes = out[8:-32]
+    assert out[4:8] == _crcs(blob_bytes) and len(blob_bytes) == b.length
+    assert out[-32:] == hashlib.sha256(out[:8]).digest()
     (n,) = struct.unpack_from("<Q", blob_bytes)
     header = json.loads(blob_bytes[8:8 + n])
     assert list(header) == ["a", "b"]  # sorted by name, data in the same order
@@ -98,10 +104,42 @@ def test_package_bytes_layout():
     assert data == arrays["a"].tobytes() + arrays["b"].tobytes()
 
 
-def test_head_whose_length_depends_on_the_digest_is_refused():
+@pytest.mark.parametrize("reserve", [0, 80 << 20, 40 << 20, 30 << 20])
+def test_chunk_checksums_span_arrays_and_a_reservation_fits_itself_to_the_package(reserve):
+    """Three chunks, two of them cut across arrays; the package's bytes reserved larger,
+    smaller (grown in place or moved) or not at all give the same package."""
+    rng = np.random.default_rng(0)
+    arrays = {"a": rng.standard_normal(3_000_000).astype(np.float32), "b": rng.standard_normal(17).astype(np.float32),
+              "c": rng.standard_normal(6_000_000).astype(np.float32)}
+    b = blob.Blob(arrays)
+    r = blob.Reservation(reserve)
+    out = blob.package_bytes(lambda crcs: b"H" * 13 + crcs, b, lambda head: b"T" * 5, r)
+    r.release()
+    body = out[13 + 4 * 3:-5]
+    assert len(body) == b.length and len(out) == 13 + 12 + b.length + 5 and out.endswith(b"TTTTT")
+    assert out[13:25] == _crcs(body) and len(_crcs(body)) == 12
+    n = struct.unpack_from("<Q", body)[0]
+    assert body[8 + n:] == arrays["a"].tobytes() + arrays["b"].tobytes() + arrays["c"].tobytes()
+    assert sys.getrefcount(out) == 2
+
+
+def test_a_damaged_chunk_of_weights_is_named():
+    rng = np.random.default_rng(1)
+    b = Builder()
+    x = b.input("x", (2, 3000))
+    w = b.param("w", rng.standard_normal((3000, 3000)).astype(np.float32))  # 36 MB: three chunks
+    b.output("y", b.matmul(x, w))
+    data = bytearray(compile_model(b.build()))
+    assert Package.from_bytes(bytes(data)).weights["w"].shape == (3000, 3000)
+    data[-32 - 1000] ^= 0x10  # in the last chunk
+    with pytest.raises(PackageError, match=r"damaged weights: bytes 33554432-\d+ of the weights blob"):
+        Package.from_bytes(bytes(data))
+
+
+def test_head_whose_length_depends_on_the_checksums_is_refused():
     b = blob.Blob({"w": np.ones(4, np.float32)})
     with pytest.raises(AssertionError):
-        blob.package_bytes(lambda digest: digest.strip("0").encode(), b)
+        blob.package_bytes(lambda crcs: crcs.strip(b"\0"), b, lambda head: b"")
 
 
 def test_switch_interval_is_restored_after_hashing():
@@ -110,6 +148,6 @@ def test_switch_interval_is_restored_after_hashing():
     before = sys.getswitchinterval()
     blobs = [blob.Blob({"w": np.ones(1 << 16, np.float32)}) for _ in range(3)]
     for b in blobs:
-        b.start_hash()
-    assert len({b.sha256() for b in blobs}) == 1
+        b.start_checksums()
+    assert len({b.checksums() for b in blobs}) == 1
     assert sys.getswitchinterval() == before

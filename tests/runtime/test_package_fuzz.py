@@ -6,11 +6,11 @@ import json
 import random
 import struct
 import time
+import zlib
 
 import msgpack
 import numpy as np
 import pytest
-
 from meganeura.compiler import Builder, TrainConfig, compile_model
 from meganeura.runtime import GPUOutOfMemoryError, Package, PackageError, Session
 from meganeura.runtime.package import MAGIC
@@ -40,12 +40,12 @@ def seal(manifest: dict, blob: bytes) -> bytes:
         if isinstance(k, dict) and isinstance(k.get("wgsl"), str):
             k["sha256"] = hashlib.sha256(k["wgsl"].encode()).hexdigest()
     man = msgpack.packb(manifest, use_bin_type=True)
-    head = MAGIC + struct.pack("<IQ", 1, len(man)) + man + struct.pack("<Q", len(blob))
-    return head + blob + hashlib.sha256(head).digest()  # the blob is covered by blob_sha256
+    head = MAGIC + struct.pack("<IQ", 2, len(man)) + man + struct.pack("<Q", len(blob))
+    return head + blob + hashlib.sha256(head).digest()  # the blob is covered by blob_checksum
 
 
 def test_good_package_loads_and_reseals(good):
-    assert Package.from_bytes(good).manifest["format_version"] == 1
+    assert Package.from_bytes(good).manifest["format_version"] == 2
     m, blob = split(good)
     assert seal(m, blob) == good
 
@@ -125,15 +125,21 @@ def _manifest_mutations(m: dict, rng: random.Random):
             p["inputs"][name] = rng.choice([nten, nten + 100, -5, None])
         elif choice == 5:
             del mm[rng.choice(["format", "format_version", "buffers", "tensors", "kernels", "programs",
-                               "blob_sha256", "requires", "memory"])]
+                               "blob_checksum", "requires", "memory"])]
         elif choice == 6:
             mm[rng.choice(["buffers", "tensors", "kernels", "programs"])] = rng.choice([None, 7, "x", {}])
             if isinstance(mm.get("programs"), dict) and not mm["programs"]:
                 pass  # an empty program map lacks "infer": also invalid
         elif choice == 7:
-            mm["format_version"] = rng.choice([0, 2, "1", None])
+            mm["format_version"] = rng.choice([0, 1, 3, "2", None])
         else:
-            mm["blob_sha256"] = "0" * 64
+            ck = mm["blob_checksum"]
+            k = rng.choice(["algorithm", "chunk_bytes", "values", "values", "drop"])
+            if k == "drop":
+                del ck[rng.choice(list(ck))]
+            else:
+                ck[k] = {"algorithm": rng.choice(["sha256", "", None]), "chunk_bytes": rng.choice([0, 7, -1, 1 << 40]),
+                         "values": rng.choice([b"", b"\0" * len(ck["values"]), ck["values"] + b"\0" * 4, "x"])}[k]
         yield f"manifest {choice}", mm
 
 
@@ -255,8 +261,14 @@ def _bad_weights(m: dict, blob: bytes, rng: random.Random):
         yield f"weights {choice}", _safetensors(h, d)
 
 
+def _checksums(blob: bytes, chunk: int) -> bytes:
+    return b"".join(struct.pack(">I", zlib.crc32(blob[o:o + chunk])) for o in range(0, len(blob), chunk)) \
+        or struct.pack(">I", 0)
+
+
 def _reblob(m: dict, blob: bytes) -> bytes:
-    return seal(m | {"blob_sha256": hashlib.sha256(blob).hexdigest()}, blob)
+    ck = m["blob_checksum"]
+    return seal(m | {"blob_checksum": ck | {"values": _checksums(blob, ck["chunk_bytes"])}}, blob)
 
 
 class CountingDevice:
@@ -314,7 +326,7 @@ def test_ten_thousand_mutated_packages(good, device):
         cases += [(what, seal(mm, blob)) for what, mm in _manifest_mutations(m, rng)]
     cases += [(what, seal(mm, blob)) for what, mm in _type_confusion(m, rng, 3800)]
     cases += [(what, _reblob(m, b)) for what, b in _bad_weights(m, blob, rng)]
-    cases.append(("bad blob", seal(m | {"blob_sha256": hashlib.sha256(b"junk").hexdigest()}, b"junk")))
+    cases.append(("bad blob", _reblob(m, b"junk")))
     assert len(cases) >= 10_000
     outcomes = {}
     start = time.perf_counter()
