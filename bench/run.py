@@ -60,7 +60,9 @@ def run_one(name, spec, args, device, tdev):
     row["parameters"] = int(sum(np.size(v) for v in case.model.params.values()))
     out_name = case.output or next(iter(case.model.graph.outputs))
     t = time.perf_counter()
-    data = compile_model(case.model, case.train)
+    # the bench runs its programs one after the other, as a training loop does: their scratch
+    # can be one pool (a frame scheduler interleaving them needs --private-scratch)
+    data = compile_model(case.model, case.train, share_scratch=not args.private_scratch)
     row["compile_s"] = time.perf_counter() - t
     case.model = None  # the builder's copy of the weights
     row["package_mb"] = len(data) / 2**20
@@ -122,6 +124,8 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=50, help="timed runs per program and side (at most)")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds per timed loop, after which it stops early (default 6; 1 with --smoke)")
+    ap.add_argument("--private-scratch", action="store_true",
+                    help="compile each program's scratch buffers apart (as for a frame scheduler), not pooled")
     ap.add_argument("--profile", action="store_true",
                     help="also GPU time per dispatch, grouped by kernel label (bench.json's 'profile')")
     ap.add_argument("--smoke", action="store_true", help="tiny configurations; torch on the CPU without CUDA")
@@ -146,7 +150,7 @@ def main(argv=None):
             "wgpu": wgpu.__version__, "torch": torch.__version__, "cuda": torch.version.cuda,
             "torch_device": torch.cuda.get_device_name(0) if tdev == "cuda" else "cpu",
             "python": platform.python_version(), "features": sorted(device.features), "smoke": args.smoke,
-            "iters": args.iters, "budget_s": args.budget}
+            "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch}
     rows = []
     out = Path(args.out)
     for name, spec in WORKLOADS.items():
@@ -238,7 +242,8 @@ def _table(info, rows, summary):
                          f"{_f(r[p]['gpu_ratio'], '.2f')} | {m['wall_ms']:.3f} | {t['wall_ms']:.3f} | "
                          f"{r[p]['wall_ratio']:.2f} | {m['dispatches']} | {m['encode_us_per_dispatch']:.1f} | "
                          f"{m['iters']}/{t['iters']} |")
-    lines += ["", "| workload | parameters | compile s | load s | meganeura buffers MiB | torch peak MiB | "
+    pool = "scratch pooled across programs" if info.get("share_scratch") else "scratch private per program"
+    lines += ["", f"| workload | parameters | compile s | load s | meganeura buffers MiB ({pool}) | torch peak MiB | "
               "infer max rel err | loss (ours / torch) | configuration |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
