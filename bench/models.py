@@ -20,7 +20,6 @@ CUDA (not fused).
 """
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -264,7 +263,10 @@ def smolvla_expert(smoke=False):
         cfg = smolvla_expert_config()
     batch = 1
     torch.manual_seed(0)
-    ref = _smolvla_twin(cfg)
+    _twins()
+    from test_smolvla import ActionExpert  # LeRobot's math, same state-dict names
+
+    ref = ActionExpert(cfg)
     _offset_vectors(ref, 1)
     model = build(cfg, batch=batch, weights=_state(ref))
     rng = np.random.default_rng(0)
@@ -282,67 +284,6 @@ def smolvla_expert(smoke=False):
     return Case(model, _train("mse"), {**ins, "labels": labels}, setup, "velocity", paper=True,
                 config=f"hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers ({cfg.attention_mode}), chunk "
                        f"{cfg.chunk_size}, prefix {cfg.prefix_length}, batch {batch}, flow-matching mse", notes=notes)
-
-
-def _smolvla_twin(cfg):
-    """tests/compiler/models/test_smolvla.py's ActionExpert (LeRobot's math, same state-dict
-    names) with a forward that makes its masks, positions and RoPE angles on the inputs'
-    device (the test's makes them on the CPU, which CUDA inputs cannot mix with)."""
-    import torch
-    from torch import nn
-
-    _twins()
-    from test_smolvla import ActionExpert, eager_attention
-
-    def rope(x, positions, max_wavelength):  # test_smolvla.apply_rope on positions' device
-        d_half = x.shape[-1] // 2
-        exponents = (2.0 / x.shape[-1]) * torch.arange(d_half, dtype=torch.float32, device=x.device)
-        radians = (positions[:, None].to(torch.float32) / max_wavelength ** exponents[None, :])[None, :, None, :]
-        sin, cos = torch.sin(radians).to(x.dtype), torch.cos(radians).to(x.dtype)
-        x1, x2 = x.split(d_half, dim=-1)
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-    class Twin(ActionExpert):
-        def time_emb(self, t):
-            c = self.c
-            fraction = torch.linspace(0.0, 1.0, c.hidden_size // 2, dtype=torch.float64, device=t.device)
-            period = c.min_period * (c.max_period / c.min_period) ** fraction
-            sin_input = (1.0 / period * 2 * math.pi)[None, :] * t.double()[:, None]
-            return torch.cat([torch.sin(sin_input), torch.cos(sin_input)], dim=1)
-
-        def forward(self, noisy_actions, t, prefix_kv):
-            c, dev = self.c, noisy_actions.device
-            bsz, s, _ = noisy_actions.shape
-            p, hk, d = c.prefix_length, c.num_key_value_heads, c.head_dim
-            a = self.action_in_proj(noisy_actions)
-            te = self.time_emb(t).to(a.dtype)[:, None, :].expand_as(a)
-            x = self.action_time_mlp_out(nn.functional.silu(self.action_time_mlp_in(torch.cat([a, te], dim=2))))
-            ar = torch.arange(s, device=dev)
-            suffix = ar[None, :] <= ar[:, None] if c.causal_actions else torch.ones(s, s, dtype=torch.bool, device=dev)
-            self_mask = torch.cat([torch.ones(s, p, dtype=torch.bool, device=dev), suffix], dim=1)
-            cross_mask = torch.ones(s, p, dtype=torch.bool, device=dev)
-            positions = p + ar
-            for i, (layer, kind) in enumerate(zip(self.lm_expert.layers, c.layer_kinds())):
-                at = layer.self_attn
-                pk = prefix_kv[i, 0].reshape(bsz, p, hk, d)
-                pv = prefix_kv[i, 1].reshape(bsz, p, hk, d)
-                y = layer.input_layernorm(x)
-                q = at.q_proj(y).view(bsz, s, -1, d)
-                if kind == "self":
-                    q = rope(q, positions, c.rope_max_wavelength)
-                    k = rope(at.k_proj(y).view(bsz, s, -1, d), positions, c.rope_max_wavelength)
-                    k, v = torch.cat([pk, k], dim=1), torch.cat([pv, at.v_proj(y).view(bsz, s, -1, d)], dim=1)
-                    o = eager_attention(self_mask, q, k, v, c.num_attention_heads, hk)
-                else:
-                    k = at.k_proj(pk.reshape(bsz, p, -1)).view(bsz, p, -1, d)
-                    v = at.v_proj(pv.reshape(bsz, p, -1)).view(bsz, p, -1, d)
-                    q = rope(q, positions - positions.min(), c.rope_max_wavelength)
-                    o = eager_attention(cross_mask, q, k, v, c.num_attention_heads, hk)
-                x = at.o_proj(o) + x
-                x = layer.mlp(layer.post_attention_layernorm(x)) + x
-            return self.action_out_proj(self.lm_expert.norm(x))
-
-    return Twin(cfg)
 
 
 WORKLOADS.update({

@@ -52,9 +52,9 @@ def cpus() -> int:
     return max(1, min(n, 8))  # more copies in flight than that only queue for memory
 
 
-def chunk_ranges(length: int, chunk: int | None = None) -> list:
-    chunk = chunk or CHUNK
-    return [(o, min(length, o + chunk)) for o in range(0, length, chunk)] or [(0, 0)]
+def chunk_ranges(length: int) -> list:
+    """[start, end) of each CHUNK of `length` bytes (one empty chunk for none)."""
+    return [(o, min(length, o + CHUNK)) for o in range(0, length, CHUNK)] or [(0, 0)]
 
 
 def _run_tasks(tasks: list, threads: int):
@@ -117,7 +117,7 @@ class Blob:
         self.head = struct.pack("<Q", len(text)) + text
         self.length = len(self.head) + offset
         self._crcs = None
-        self._threads = []
+        self._thread = None
 
     def same(self, tensors: dict) -> bool:
         """Does this blob hold exactly these arrays (the same objects)?"""
@@ -151,28 +151,25 @@ class Blob:
             crcs[c] = v
         return [lambda c=c: crc(c) for c in range(len(ranges))]
 
-    def start_checksums(self, threads: int | None = None):
-        """Checksum the chunks on `threads` threads (default: all cores but the caller's)."""
-        if self._threads:
+    def start_checksums(self):
+        """Checksum the chunks on all cores but the caller's, in the background."""
+        if self._thread is not None:
             return
         tasks = self._chunk_tasks()
         _quick_handoff(True)
-        done = threading.Event()
 
         def run():
             try:
-                _run_tasks(tasks, threads or max(1, cpus() - 1))
+                _run_tasks(tasks, max(1, cpus() - 1))
             finally:
-                done.set()
                 _quick_handoff(False)
-        self._threads = [threading.Thread(target=run, name="blob checksums", daemon=True)]
-        self._threads[0].start()
+        self._thread = threading.Thread(target=run, name="blob checksums", daemon=True)
+        self._thread.start()
 
     def checksums(self) -> bytes:
         """The chunks' CRC-32s, 4 bytes each, big-endian (a fixed length for the manifest)."""
         self.start_checksums()
-        for t in self._threads:
-            t.join()
+        self._thread.join()
         return b"".join(struct.pack(">I", c) for c in self._crcs)
 
     def copies(self, addr: int):
@@ -210,14 +207,13 @@ class Reservation:
 
     def __init__(self, size: int):
         self.ptr = ctypes.c_void_p(None)
-        self.size = 0
         self._thread = None
         if _resize_bytes is None or size < (64 << 20):
             return  # small packages: nothing to gain
         ptr = _new_bytes(None, size)
         if not ptr:
             raise MemoryError(f"cannot reserve {size} bytes for the package")
-        self.ptr, self.size = ctypes.c_void_p(ptr), size
+        self.ptr = ctypes.c_void_p(ptr)
         addr = _bytes_address(self.ptr)
         step = 8 << 20  # short calls: each holds the process's memory-map lock
         parts = [(addr + o, min(step, size - o)) for o in range(0, size, step)]

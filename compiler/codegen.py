@@ -221,7 +221,7 @@ def reduce_split(outer: int, red: int, inner: int, roots: int = 1) -> int:
     combines them, when one thread (columns) or one workgroup (rows) per output would
     leave the GPU mostly idle walking a long axis (bias and norm-weight gradients: a few
     hundred outputs over thousands of rows, 0.1 ms each, half of a training step)."""
-    if inner == 1 and red > 64:  # rows: a workgroup per (row, slice), >= 2048 elements each
+    if _by_rows(red, inner):  # a workgroup per (row, slice), >= 2048 elements each
         if outer * roots >= 256 or red < 4096:
             return 1
         # ~2,000 workgroups: the NaN guard sums whole gradients to one count each (SD-1.5:
@@ -235,6 +235,12 @@ def reduce_split(outer: int, red: int, inner: int, roots: int = 1) -> int:
     return -(-red // -(-red // s))  # no empty slice
 
 
+def _by_rows(red: int, inner: int) -> bool:
+    """Contiguous runs long enough for a workgroup each (reduce_rows), else a thread per
+    output (reduce_cols)."""
+    return inner == 1 and red > 64
+
+
 def _reduce(sched: Schedule, k: Kernel):
     """One reduction, or several of one geometry (the z workgroup index picks which), each
     reading its input through an elementwise prologue computed in its loads. A long axis
@@ -246,40 +252,40 @@ def _reduce(sched: Schedule, k: Kernel):
     outer = int(np.prod(shape[:axes[0]], dtype=np.int64))
     red = int(np.prod(shape[axes[0]:axes[-1] + 1], dtype=np.int64))
     inner = int(np.prod(shape[axes[-1] + 1:], dtype=np.int64))
+    nz = len(k.roots)
     is_max = n.op == "reduce_max"
     init = f32_literal(float("-inf")) if is_max else "0.0"
     combine = "fn combine(a: f32, b: f32) -> f32 { return " + ("max(a, b)" if is_max else "a + b") + "; }"
-    label = n.op if len(k.roots) == 1 else f"{n.op} x{len(k.roots)}"
-    nz = len(k.roots)
+    label = n.op if nz == 1 else f"{n.op} x{nz}"
     split = reduce_split(outer, red, inner, nz)
     bind = _Bindings(g, sched.storage)
     out_bind = bind if split == 1 else _Bindings(g, sched.storage)
     loads, stores, uses_prelude = _reduce_io(sched, k, bind, out_bind)
     pick_load = _pick("load(which: u32, idx: u32) -> f32", [f"return load{j}(idx);" for j in range(nz)])
     pick_store = _pick("store(which: u32, idx: u32, v: f32)", stores)
-    rows = inner == 1 and red > 64
+    slots = bind.list()
     if split == 1:
-        decls = "\n".join([bind.decls(), render("prelude") if uses_prelude else "", combine, *loads,
-                           pick_load, pick_store])
-        if rows:
-            wgsl = render("reduce_rows", BINDINGS=decls, OUTER=outer, R=red, INIT=init, COMBINE="combine")
-            x, y, _ = grid(outer)
-            return KernelCode(wgsl, (64, 1, 1), bind.list(), (x, y, nz), label)
-        wgsl = render("reduce_cols", BINDINGS=decls, OUTER=outer, R=red, INNER=inner, INIT=init, COMBINE="combine")
-        x, y, _ = grid(-(-outer * inner // WG))
-        return KernelCode(wgsl, (WG, 1, 1), bind.list(), (x, y, nz), label)
-    rs = -(-red // split)
-    temp = ("temp", next(_temp_ids))
-    partial = f"@group(0) @binding({len(bind.slots)}) var<storage, read_write> partial: array<f32>;"
-    decls = "\n".join([bind.decls(), partial, render("prelude") if uses_prelude else "", combine, *loads, pick_load])
-    common = {"BINDINGS": decls, "OUTER": outer, "R": red, "S": split, "RS": rs, "INIT": init, "COMBINE": "combine"}
-    if rows:
-        first = KernelCode(render("reduce_rows_split", **common), (64, 1, 1), bind.list() + [(temp, "read_write")],
-                           (*grid(outer * split)[:2], nz), label + "/split")
+        emit, tail = "fn emit(z: u32, s: u32, idx: u32, v: f32) { store(z, idx, v); }", [pick_store]
     else:
-        first = KernelCode(render("reduce_cols_split", INNER=inner, **common), (WG, 1, 1),
-                           bind.list() + [(temp, "read_write")], (*grid(-(-split * outer * inner // WG))[:2], nz),
-                           label + "/split")
+        temp = ("temp", next(_temp_ids))
+        slots.append((temp, "read_write"))
+        emit = (f"@group(0) @binding({len(bind.slots)}) var<storage, read_write> partial: array<f32>;\n"
+                "fn emit(z: u32, s: u32, idx: u32, v: f32) { "
+                f"partial[(z * {split}u + s) * {outer * inner}u + idx] = v; }}")
+        tail = []
+    decls = "\n".join([bind.decls(), render("prelude") if uses_prelude else "", combine, *loads, pick_load,
+                       *tail, emit])
+    holes = {"BINDINGS": decls, "OUTER": outer, "R": red, "S": split, "RS": -(-red // split), "INIT": init,
+             "COMBINE": "combine"}
+    suffix = "" if split == 1 else "/split"
+    if _by_rows(red, inner):
+        first = KernelCode(render("reduce_rows", **holes), (64, 1, 1), slots, (*grid(outer * split)[:2], nz),
+                           label + suffix)
+    else:
+        first = KernelCode(render("reduce_cols", INNER=inner, **holes), (WG, 1, 1), slots,
+                           (*grid(-(-split * outer * inner // WG))[:2], nz), label + suffix)
+    if split == 1:
+        return first
     first.temps = {temp: nz * split * outer * inner * 4}
     out_decls = [line.replace(f"@binding({b})", f"@binding({b + 1})", 1)
                  for b, line in enumerate(out_bind.decls().splitlines())]

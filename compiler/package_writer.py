@@ -13,8 +13,7 @@ import struct
 import msgpack
 import numpy as np
 
-from . import blob as blobs
-from .blob import Blob, package_bytes
+from . import blob as blobs  # (blobs.CHUNK read at write time: tests vary it)
 from .codegen import KernelCode, generate
 from .schedule import Schedule, base_of
 
@@ -92,7 +91,7 @@ class PackageBuilder:
                 value = g.values.get(name)
                 if _stored(n.op, value):
                     tensors[name] = self._array(name, n.dtype, value)
-        self._early = Blob(tensors)
+        self._early = blobs.Blob(tensors)
         self._early.start_checksums()
 
     def add_program(self, name: str, sched: Schedule, extra: dict | None = None):
@@ -160,7 +159,7 @@ class PackageBuilder:
                 "workgroups": list(code.workgroups)}
 
     def write(self, meta: dict) -> bytes:
-        blob = self._early if self._early is not None and self._early.same(self.blob) else Blob(self.blob)
+        blob = self._early if self._early is not None and self._early.same(self.blob) else blobs.Blob(self.blob)
         persistent = sum(self.buffers[t["buffer"]] for t in self.tensors if t["role"] != "output")
         manifest = {
             "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "compiler_version": self.version,
@@ -185,7 +184,7 @@ class PackageBuilder:
         # the trailing digest covers everything up to the blob; the manifest holds the
         # blob's chunk checksums, so the weights are read once (3.4 GB for an SD U-Net)
         try:
-            return package_bytes(head_of, blob, lambda head: hashlib.sha256(head).digest(), self.reservation)
+            return blobs.package_bytes(head_of, blob, lambda head: hashlib.sha256(head).digest(), self.reservation)
         finally:
             if self.reservation is not None:
                 self.reservation.release()

@@ -1,18 +1,24 @@
-// Reduces the middle axis of [OUTER, R, INNER] with INNER > 1: one thread per output,
-// neighbouring threads read neighbouring columns. Workgroup layer z: which reduction.
+// Reduces the middle axis of [OUTER, R, INNER] with INNER > 1 (or short rows): one thread per
+// (slice of RS rows, output), neighbouring threads reading neighbouring columns;
+// emit(z, slice, idx, v) stores the output (S = 1) or the slice's partial for
+// reduce_partials.wgsl. Barrier-free (CPU rasterisers emulate barriers slowly).
+// Workgroup layer z: which reduction.
 {{BINDINGS}}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let idx = gid.x + gid.y * nwg.x * 256u;
-    if (idx >= {{OUTER}}u * {{INNER}}u) {
+    let t = gid.x + gid.y * nwg.x * 256u;
+    if (t >= {{S}}u * {{OUTER}}u * {{INNER}}u) {
         return;
     }
+    let s = t / ({{OUTER}}u * {{INNER}}u);
+    let idx = t % ({{OUTER}}u * {{INNER}}u);
     let o = idx / {{INNER}}u;
     let i = idx % {{INNER}}u;
     var acc = {{INIT}};
-    for (var r = 0u; r < {{R}}u; r = r + 1u) {
+    let end = min({{R}}u, (s + 1u) * {{RS}}u);
+    for (var r = s * {{RS}}u; r < end; r = r + 1u) {
         acc = {{COMBINE}}(acc, load(gid.z, (o * {{R}}u + r) * {{INNER}}u + i));
     }
-    store(gid.z, idx, acc);
+    emit(gid.z, s, idx, acc);
 }

@@ -38,7 +38,7 @@ class RMSNorm(nn.Module):
 def apply_rope(x, positions, max_wavelength):
     """LeRobot's: x [B, L, H, D], positions [L]; angles in float32."""
     d_half = x.shape[-1] // 2
-    freq_exponents = (2.0 / x.shape[-1]) * torch.arange(d_half, dtype=torch.float32)
+    freq_exponents = (2.0 / x.shape[-1]) * torch.arange(d_half, dtype=torch.float32, device=x.device)
     timescale = max_wavelength ** freq_exponents
     radians = (positions[:, None].to(torch.float32) / timescale[None, :])[None, :, None, :]
     sin, cos = torch.sin(radians).to(x.dtype), torch.cos(radians).to(x.dtype)
@@ -110,22 +110,22 @@ class ActionExpert(nn.Module):
 
     def time_emb(self, t):  # LeRobot's create_sinusoidal_pos_embedding
         c = self.c
-        fraction = torch.linspace(0.0, 1.0, c.hidden_size // 2, dtype=torch.float64)
+        fraction = torch.linspace(0.0, 1.0, c.hidden_size // 2, dtype=torch.float64, device=t.device)
         period = c.min_period * (c.max_period / c.min_period) ** fraction
         sin_input = (1.0 / period * 2 * math.pi)[None, :] * t[:, None]
         return torch.cat([torch.sin(sin_input), torch.cos(sin_input)], dim=1)
 
-    def forward(self, noisy_actions, t, prefix_kv):
-        c = self.c
+    def forward(self, noisy_actions, t, prefix_kv):  # masks and positions on the inputs' device (bench: CUDA)
+        c, dev = self.c, noisy_actions.device
         bsz, s, _ = noisy_actions.shape
         p, hk, d = c.prefix_length, c.num_key_value_heads, c.head_dim
         a = self.action_in_proj(noisy_actions)
         te = self.time_emb(t).to(a.dtype)[:, None, :].expand_as(a)
         x = self.action_time_mlp_out(nn.functional.silu(self.action_time_mlp_in(torch.cat([a, te], dim=2))))
-        suffix_mask = torch.arange(s)[None, :] <= torch.arange(s)[:, None] if c.causal_actions else \
-            torch.ones(s, s, dtype=torch.bool)
-        self_mask = torch.cat([torch.ones(s, p, dtype=torch.bool), suffix_mask], dim=1)
-        positions = p + torch.arange(s)
+        ar = torch.arange(s, device=dev)
+        suffix_mask = ar[None, :] <= ar[:, None] if c.causal_actions else torch.ones(s, s, dtype=torch.bool, device=dev)
+        self_mask = torch.cat([torch.ones(s, p, dtype=torch.bool, device=dev), suffix_mask], dim=1)
+        positions = p + ar
         for i, (layer, kind) in enumerate(zip(self.lm_expert.layers, c.layer_kinds())):
             at = layer.self_attn
             pk = prefix_kv[i, 0].reshape(bsz, p, hk, d)
@@ -141,7 +141,7 @@ class ActionExpert(nn.Module):
                 k = at.k_proj(pk.reshape(bsz, p, -1)).view(bsz, p, -1, d)
                 v = at.v_proj(pv.reshape(bsz, p, -1)).view(bsz, p, -1, d)
                 q = apply_rope(q, positions - positions.min(), c.rope_max_wavelength)
-                o = eager_attention(torch.ones(s, p, dtype=torch.bool), q, k, v, c.num_attention_heads, hk)
+                o = eager_attention(torch.ones(s, p, dtype=torch.bool, device=dev), q, k, v, c.num_attention_heads, hk)
             x = at.o_proj(o) + x
             x = layer.mlp(layer.post_attention_layernorm(x)) + x
         return self.action_out_proj(self.lm_expert.norm(x))
