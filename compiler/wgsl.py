@@ -14,12 +14,20 @@ def template(name: str) -> str:
     return (_DIR / f"{name}.wgsl").read_text()
 
 
+@lru_cache(maxsize=None)
+def _pieces(name: str) -> tuple:
+    """The template split at its holes: text, hole, text, ... (split once, not per render:
+    8,000 renders with a regex callback per hole cost 0.03-0.7 s of an SD-size compile)."""
+    parts = _HOLE.split(template(name))
+    return tuple(parts), frozenset(parts[1::2])
+
+
 def render(name: str, **values) -> str:
-    text = template(name)
-    missing = sorted(set(_HOLE.findall(text)) - set(values))
+    parts, holes = _pieces(name)
+    missing = sorted(holes - set(values))
     if missing:
         raise KeyError(f"template {name}.wgsl needs {missing}")
-    return _HOLE.sub(lambda m: str(values[m.group(1)]), text)
+    return "".join(str(values[p]) if i % 2 else p for i, p in enumerate(parts))
 
 
 def f32_literal(v: float) -> str:
