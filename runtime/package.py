@@ -8,6 +8,7 @@ raises PackageError naming the field.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import struct
 import threading
@@ -112,7 +113,7 @@ class Package:
         except Exception as exc:  # a case the checks above missed: still the file's fault
             raise PackageError(f"invalid manifest ({type(exc).__name__}: {exc})") from None
         _check_blob(blob, manifest["blob_checksum"])
-        weights = _load_weights(bytes(blob), manifest)
+        weights = _load_weights(blob, manifest)
         return cls(manifest, weights, len(data))
 
     # typed views
@@ -331,13 +332,40 @@ def _check_blob(blob: memoryview, ck: dict):
               f"({len(bad)} of {len(ranges)} chunks damaged)")
 
 
-def _load_weights(blob: bytes, m: dict) -> dict:
-    from safetensors.numpy import load as st_load
-
+def _load_weights(blob: memoryview, m: dict) -> dict:
+    """name -> read-only ndarray viewing the package's bytes: a safetensors blob parsed
+    here instead of by the safetensors library, whose load copies every tensor (SD-1.5:
+    3.4 GB copied twice at each load)."""
+    weights = {}
+    if not len(blob):
+        return weights
+    if len(blob) < 8:
+        _fail("damaged weights: the safetensors header is cut short")
+    (n,) = struct.unpack_from("<Q", blob, 0)
+    if n > len(blob) - 8 or n > MAX_MANIFEST:
+        _fail(f"damaged weights: safetensors header length {n} exceeds the blob")
     try:
-        weights = st_load(blob) if blob else {}
-    except Exception as exc:  # safetensors raises its own error types
-        raise PackageError(f"damaged weights: {exc}") from None
+        header = json.loads(bytes(blob[8:8 + n]))
+    except ValueError as exc:
+        raise PackageError(f"damaged weights: unreadable safetensors header ({exc})") from None
+    if not isinstance(header, dict):
+        _fail("damaged weights: the safetensors header is not a map")
+    data = blob[8 + n:]
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        w = f"weights[{name!r:.80}]"
+        _dict(e, w)
+        dtype = {"F32": np.float32, "I32": np.int32}.get(_key(e, "dtype", w))
+        if dtype is None:
+            _fail(f"{w}: dtype {e['dtype']!r:.20} is not F32 or I32")
+        shape = [_int(d, f"{w}.shape", 0, 1 << 32) for d in _list(_key(e, "shape", w), f"{w}.shape", 8)]
+        offsets = _list(_key(e, "data_offsets", w), f"{w}.data_offsets", 2)
+        a, b = (_int(o, f"{w}.data_offsets", 0, len(data)) for o in offsets) if len(offsets) == 2 else (-1, -1)
+        count = int(np.prod(shape, dtype=np.int64))
+        if a < 0 or b - a != 4 * count:
+            _fail(f"{w}: data_offsets {offsets!r:.60} do not hold {count} values of 4 bytes")
+        weights[name] = np.frombuffer(data, dtype, count, a).reshape(shape)
     named = {t["name"] for t in m["tensors"] if t["role"] != "output" and t["init"] == "blob"}
     if set(weights) - named:
         _fail(f"the weights hold tensors the manifest does not name: {sorted(set(weights) - named)[:5]}")

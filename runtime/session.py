@@ -17,6 +17,7 @@ from .device import default_device, fresh_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
 from .package import DTYPES, Package, PackageError
 
+LOAD_THREADS = 8  # most threads that make pipelines at load
 SKIPPED = "optimizer.skipped_steps"  # state counter of training steps rejected for NaN/inf
 
 _LIMIT_NAMES = {  # manifest name -> wgpu limit name
@@ -191,7 +192,7 @@ class Session:
         that the message names the right kernel."""
         for i, k in todo:
             self._layout(k)  # shared by kernels: made here, not in the threads
-        workers = min(8, os.cpu_count() or 1)
+        workers = min(LOAD_THREADS, os.cpu_count() or 1)
         if workers > 1 and len(todo) > 8:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -227,7 +228,8 @@ class Session:
 
     def _write(self, t, value):
         arr = np.ascontiguousarray(value, dtype=DTYPES[t["dtype"]])
-        self.device.queue.write_buffer(self.buffers[t["buffer"]], 0, arr.tobytes())
+        if arr.nbytes:  # straight from the array: wgpu copies it into its staging memory
+            self.device.queue.write_buffer(self.buffers[t["buffer"]], 0, arr)
 
     # ---------------------------------------------------------------- running
     def record(self, encoder, program: str, start: int = 0, stop: int | None = None, pass_kwargs=None):

@@ -1,0 +1,88 @@
+"""Where a package's load time goes on this device: Package.load (read + checks), then
+Session's phases (buffers, weight upload, pipelines, bind groups), per workload, with
+per-kernel pipeline times (made on LOAD_THREADS threads) and a second Session (the
+driver's shader cache warm). Random weights, no PyTorch.
+
+    python bench/load_profile.py [--only NAME ...] [--threads N ...] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import compile_times
+
+
+def _timed(cls, names, acc):
+    for k in names:
+        f = getattr(cls, k)
+
+        def g(*a, _f=f, _k=k, **kw):
+            t = time.perf_counter()
+            try:
+                return _f(*a, **kw)
+            finally:
+                acc.setdefault(_k, []).append(time.perf_counter() - t)
+        setattr(cls, k, g)
+
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--threads", nargs="*", type=int, default=[8])
+    ap.add_argument("--out", default="out/bench")
+    args = ap.parse_args(argv)
+    from meganeura.compiler import compile_model
+    from meganeura.runtime import Package, Session
+    from meganeura.runtime import session as session_module
+    from meganeura.runtime.device import default_device
+
+    dev = default_device()
+    originals = {k: getattr(Session, k) for k in ("_allocate", "_write", "_pipelines", "_pipeline")}
+    rows = []
+    for name, build, train in compile_times.workloads():
+        if args.only and not any(o.lower() in name.lower() for o in args.only):
+            continue
+        path = Path(tempfile.mkdtemp()) / "p.mnpk"
+        path.write_bytes(compile_model(build(), train, share_scratch=True))
+        for threads in args.threads:
+            session_module.LOAD_THREADS = threads
+            for attempt in ("first", "second"):
+                acc = {}
+                for k, f in originals.items():
+                    setattr(Session, k, f)
+                _timed(Session, list(originals), acc)
+                t = time.perf_counter()
+                pkg = Package.load(path)
+                t1 = time.perf_counter()
+                s = Session(dev, pkg)
+                t2 = time.perf_counter()
+                kernels = len(s.kernels)
+                per_kernel = sorted(acc.get("_pipeline", []))
+                row = {"workload": name, "threads": threads, "attempt": attempt,
+                       "package_mb": pkg.raw_size / 2**20, "kernels": kernels,
+                       "dispatches": sum(len(p) for p in s.programs.values()),
+                       "package_load_s": t1 - t, "session_s": t2 - t1,
+                       **{f"{k.strip('_')}_s": sum(v) for k, v in acc.items() if k != "_pipeline"},
+                       "pipeline_ms_median": 1e3 * per_kernel[len(per_kernel) // 2] if per_kernel else None,
+                       "pipeline_ms_max": 1e3 * per_kernel[-1] if per_kernel else None,
+                       "pipeline_ms_sum": 1e3 * sum(per_kernel)}
+                row["rest_s"] = row["session_s"] - row.get("allocate_s", 0) - row.get("write_s", 0) - row.get("pipelines_s", 0)
+                print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+                rows.append(row)
+                s.close()
+                del s, pkg
+        path.unlink()
+    for k, f in originals.items():
+        setattr(Session, k, f)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "load_profile.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
