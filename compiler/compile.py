@@ -1,6 +1,8 @@
 """The compiler driver: a Model (and a training recipe) in, package bytes out."""
 from __future__ import annotations
 
+import functools
+import gc
 import time
 
 import numpy as np
@@ -14,6 +16,24 @@ from .schedule import schedule
 from .training import ROW_MASK, TrainConfig, build_training_graph
 
 
+def _without_cyclic_gc(fn):
+    """Run a compile with Python's cycle collector paused. A compile allocates millions of
+    small objects, and each full collection walks the host's whole heap: inside a process
+    holding PyTorch models the SD-1.5 compile took 1.8-2.8 s instead of 1.6. What the
+    compile drops is freed by reference counting; cycles wait for the next collection."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was_enabled:
+                gc.enable()
+    return run
+
+
+@_without_cyclic_gc
 def compile_model(model: Model, train: TrainConfig | None = None, source: dict | None = None,
                   progress=None, share_scratch: bool = False) -> bytes:
     """Compile `model` into package bytes: program "infer", and "train_step" with `train`.
@@ -68,6 +88,7 @@ def _batch_info(model: Model) -> dict | None:
     return {"size": int(firsts[0])}
 
 
+@_without_cyclic_gc
 def compile_programs(programs: dict, source: dict | None = None, meta: dict | None = None) -> bytes:
     """Compile several graphs into one package, one program each (name -> Graph).
 

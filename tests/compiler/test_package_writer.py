@@ -151,3 +151,21 @@ def test_switch_interval_is_restored_after_hashing():
         b.start_checksums()
     assert len({b.checksums() for b in blobs}) == 1
     assert sys.getswitchinterval() == before
+
+
+def test_compiles_pause_the_cycle_collector_and_restore_its_state(monkeypatch):
+    import gc
+
+    seen = []
+    real_schedule = compile_mod.schedule
+    monkeypatch.setattr(compile_mod, "schedule", lambda g: seen.append(gc.isenabled()) or real_schedule(g))
+    assert gc.isenabled()
+    compile_model(_model(), TrainConfig(loss="mse", optimizer="sgd"))
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        with pytest.raises(TypeError):
+            compile_model(_model(), TrainConfig(loss="mse", optimizer="sgd"), bogus=1)
+        assert not gc.isenabled()  # a caller's own choice survives, errors included
+    finally:
+        gc.enable()
