@@ -41,8 +41,17 @@ def main(argv=None):
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--out", default="out/bench")
+    ap.add_argument("--no-reserve", action="store_true",
+                    help="experiment: no early Reservation of the package bytes (pages touched at the end)")
+    ap.add_argument("--populate-threads", type=int, help="experiment: threads that fault in the reserved pages")
     args = ap.parse_args(argv)
-    from meganeura.compiler import compile_model
+    from meganeura.compiler import blob, compile_model
+    from meganeura.compiler import compile as compile_module
+
+    if args.no_reserve:
+        compile_module.estimated_package_bytes = lambda model: 0
+    if args.populate_threads:
+        blob.POPULATE_THREADS = args.populate_threads
 
     rows = []
     for name, build, train in workloads():

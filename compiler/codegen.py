@@ -383,10 +383,15 @@ def _softmax(sched: Schedule, k: Kernel) -> KernelCode:
     return KernelCode(wgsl, (64, 1, 1), bind.list(), grid(rows), n.op)
 
 
-INNER = "\n".join(
-    f"        let a{kk} = a_tile[{kk * 16}u + lid.y];\n        let b{kk} = b_tile[{kk * 16}u + lid.x];\n"
-    + "\n".join(f"        acc{r} = acc{r} + a{kk}.{c} * b{kk};" for r, c in enumerate("xyzw"))
-    for kk in range(16))
+def _inner(tg: int) -> str:
+    """igemm.wgsl's unrolled K step for TG x TG threads."""
+    return "\n".join(
+        f"        let a{kk} = a_tile[{kk * tg}u + lid.y];\n        let b{kk} = b_tile[{kk * tg}u + lid.x];\n"
+        + "\n".join(f"        acc{r} = acc{r} + a{kk}.{c} * b{kk};" for r, c in enumerate("xyzw"))
+        for kk in range(16))
+
+
+INNER = {tg: _inner(tg) for tg in (8, 16)}
 INNER128 = "\n".join(
     f"        let a{kk}l = a_tile[{kk * 32}u + lid.y * 2u];\n        let a{kk}h = a_tile[{kk * 32}u + lid.y * 2u + 1u];\n"
     f"        let b{kk}l = b_tile[{kk * 32}u + lid.x * 2u];\n        let b{kk}h = b_tile[{kk * 32}u + lid.x * 2u + 1u];\n"
@@ -400,13 +405,23 @@ STORES128 = "\n".join(
 _temp_ids = iter(range(1 << 62))
 
 
-def split_factor(m: int, n: int, k: int, groups: int, tile: int) -> int:
-    """Split K when the output tiles alone cannot fill the GPU (skinny GEMMs, weight
-    gradients): aim for ~256 workgroups with slices of at least 256 along K."""
-    tiles = -(-m // tile) * -(-n // tile) * groups
-    if tiles >= 128 or k < 512 or tile == 128:  # big tiles only for big M and N: enough work
-        return 1
-    return max(1, min(64, -(-256 // tiles), k // 256))
+# GEMM shape plan, tuned on the H200 (bench/gemm_policy.py): 64-tiles that cannot give the
+# GPU this many workgroups drop to 32-tiles; K is split when the tiles still cannot fill it
+GEMM_PLAN = {"small_tiles_below": 128, "split_below": 128, "split_min_k": 512, "slice_min": 256}
+
+
+def gemm_plan(m: int, n: int, k: int, groups: int) -> tuple:
+    """(tile, K step, split-K slices) for an M x N x K GEMM repeated `groups` times."""
+    def tiles(t):
+        return -(-m // t) * -(-n // t) * groups
+
+    if tiles(128) >= 256:  # large tiles only when they still fill the GPU
+        return 128, 8, 1
+    tile = 64 if tiles(64) >= GEMM_PLAN["small_tiles_below"] else 32
+    t = tiles(tile)
+    if t >= GEMM_PLAN["split_below"] or k < GEMM_PLAN["split_min_k"]:
+        return tile, 16, 1
+    return tile, 16, max(1, min(64, -(-256 // t), k // GEMM_PLAN["slice_min"]))
 
 
 def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, load_b: str, store: str,
@@ -414,9 +429,8 @@ def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, l
     """Implicit-GEMM kernel(s) from WGSL bodies of load_a(g, m, k), load_b(g, k, n) and
     store(g, m, n, v). Returns one KernelCode, or two with split-K (partials + sum).
     Bindings from the third on belong to store() (the output, and an epilogue's inputs)."""
-    big = -(-m // 128) * -(-n // 128) * groups >= 256  # large tiles only when they still fill the GPU
-    tile, bk = (128, 8) if big else (64, 16)
-    split = split_factor(m, n, k, groups, tile)
+    tile, bk, split = gemm_plan(m, n, k, groups)
+    big = tile == 128
     ks = -(-(-(-k // split)) // bk) * bk  # slice length, a multiple of the K step
     split = -(-k // ks)
     contract = dict(M=m, N=n, K=k, SPLIT=split, KS=ks, LOAD_A=load_a, LOAD_B=load_b)
@@ -433,8 +447,9 @@ def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, l
     if big:
         wgsl = render("igemm128", COMMON=common, ACC_DECL=ACC128, INNER_LOOP=INNER128, STORES=STORES128)
     else:
-        wgsl = render("igemm", COMMON=common, INNER_LOOP=INNER)
-    code = KernelCode(wgsl, (16, 16, 1), slots, (-(-n // tile), -(-m // tile), groups * split), label)
+        wgsl = render("igemm", COMMON=common, INNER_LOOP=INNER[tile // 4], TG=tile // 4, STAGED=4 * tile)
+    threads = (8, 8, 1) if tile == 32 else (16, 16, 1)
+    code = KernelCode(wgsl, threads, slots, (-(-n // tile), -(-m // tile), groups * split), label)
     code.gemm_decls, code.gemm_store = decls, st  # for variants with other main loops
     # CPU rasterisers: same bindings and split, a barrier-free kernel with its own grid
     cpu = render("igemm_cpu", COMMON=common)

@@ -224,6 +224,11 @@ def _bind_strided(sched: Schedule, bind: _Bindings, i: int) -> tuple:
     return st[0], st[1], st[2]
 
 
+# key ranges of at least this many keys when attention splits them (tuned on the H200:
+# bench/gemm_policy.py)
+ATTENTION_PLAN = {"min_split_keys": 128}
+
+
 def attention(sched: Schedule, k: Kernel) -> KernelCode:
     """Fused attention (see kernels/attention.wgsl); a CPU-rasteriser variant reads keys and
     values straight from memory instead of staging them behind barriers. The kernel also
@@ -254,7 +259,7 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
     # few query blocks (one row per thread) cannot fill a GPU: split the keys across
     # workgroups and merge the partial softmaxes after (flash-decoding)
     blocks = -(-s // 64) * b * h
-    split = 1 if blocks >= 256 or t < 256 else max(1, min(16, -(-256 // blocks), t // 128))
+    split = 1 if blocks >= 256 or t < 256 else max(1, min(16, -(-256 // blocks), t // ATTENTION_PLAN["min_split_keys"]))
     kl = -(-(-(-t // split)) // 32) * 32
     split = -(-t // kl)
     width = 4 * dv4 + 2

@@ -1,34 +1,39 @@
 // Implicit GEMM: C[g] = A[g] @ B[g] for g in [0, GROUPS), with M x N outputs and a K
-// reduction. A 64x64 output tile per workgroup of 256 threads, 4x4 outputs per thread
+// reduction. A TILE x TILE output tile per workgroup of TG x TG threads (64: 16 x 16;
+// 32: 8 x 8, for shapes whose 64-tiles leave SMs idle), 4x4 outputs per thread
 // held in four vec4 accumulators (private arrays indexed in loops are a 60x trap on
 // NVIDIA). The operands are never materialised: load_a / load_b compute where each
 // element lives (a strided matrix for matmul; an im2col window for convolutions), and
 // store writes each result (where epilogues go). Edges are guarded: any M, N, K works.
 {{COMMON}}
-var<workgroup> a_tile: array<vec4<f32>, 256>;  // [16 k][16 row groups of 4]
-var<workgroup> b_tile: array<vec4<f32>, 256>;  // [16 k][16 col groups of 4]
+const TG: u32 = {{TG}}u;
+const TILE: u32 = 4u * TG;
+var<workgroup> a_tile: array<vec4<f32>, {{STAGED}}>;  // [16 k][TG row groups of 4]
+var<workgroup> b_tile: array<vec4<f32>, {{STAGED}}>;  // [16 k][TG col groups of 4]
 
-@compute @workgroup_size(16, 16)
+@compute @workgroup_size({{TG}}, {{TG}})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let g = wg.z / SPLIT;
     let slice = wg.z % SPLIT;
     let k_end = min(K, (slice + 1u) * KS);
-    let row0 = wg.y * 64u;
-    let col0 = wg.x * 64u;
-    let tid = lid.y * 16u + lid.x;
-    // each thread stages one vec4 of A (4 rows at one k) and one of B (4 cols at one k)
-    let lk = tid / 16u;
-    let lg = tid % 16u;
+    let row0 = wg.y * TILE;
+    let col0 = wg.x * TILE;
+    let tid = lid.y * TG + lid.x;
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
     for (var k0 = slice * KS; k0 < k_end; k0 = k0 + 16u) {
-        let m = row0 + lg * 4u;
-        let k = k0 + lk;
-        a_tile[tid] = vec4<f32>(load_a(g, m, k), load_a(g, m + 1u, k), load_a(g, m + 2u, k), load_a(g, m + 3u, k));
-        let n = col0 + lg * 4u;
-        b_tile[tid] = vec4<f32>(load_b(g, k, n), load_b(g, k, n + 1u), load_b(g, k, n + 2u), load_b(g, k, n + 3u));
+        // each thread stages vec4s of A (4 rows at one k) and of B (4 cols at one k)
+        for (var e = tid; e < 16u * TG; e = e + TG * TG) {
+            let lk = e / TG;
+            let lg = e % TG;
+            let m = row0 + lg * 4u;
+            let k = k0 + lk;
+            a_tile[e] = vec4<f32>(load_a(g, m, k), load_a(g, m + 1u, k), load_a(g, m + 2u, k), load_a(g, m + 3u, k));
+            let n = col0 + lg * 4u;
+            b_tile[e] = vec4<f32>(load_b(g, k, n), load_b(g, k, n + 1u), load_b(g, k, n + 2u), load_b(g, k, n + 3u));
+        }
         workgroupBarrier();
 {{INNER_LOOP}}
         workgroupBarrier();

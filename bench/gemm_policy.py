@@ -1,0 +1,144 @@
+"""GEMM and attention plans on this GPU: each transformer-sized matmul (with its bias or
+GELU epilogue) and attention of the bench's models, under several codegen.GEMM_PLAN /
+codegen_nn.ATTENTION_PLAN settings, GPU time by timestamps, cuBLAS / SDPA beside them.
+Picks the plan with the least total time; the defaults in codegen come from here.
+
+    python bench/gemm_policy.py [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500), SmolVLA (50 / 113), SmolLM2 (512)
+    (257, 384, 384, "bias"), (257, 384, 1152, "bias"), (257, 384, 1536, "gelu"), (257, 1536, 384, "bias"),
+    (1500, 384, 384, "bias"), (1500, 384, 1536, "gelu"), (1500, 1536, 384, "bias"),
+    (50, 720, 720, "bias"), (50, 720, 2048, "none"), (50, 2048, 720, "none"), (113, 960, 320, "none"),
+    (512, 576, 576, "none"), (512, 576, 1536, "none"), (512, 1536, 576, "none"),
+]
+ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
+GEMM_PLANS = {
+    "old: 64-tiles, split K>=512": {"small_tiles_below": 0, "split_below": 128, "split_min_k": 512, "slice_min": 256},
+    "32-tiles below 128 wg": {"small_tiles_below": 128, "split_below": 128, "split_min_k": 512, "slice_min": 256},
+    "32-tiles below 128, split K>=256": {"small_tiles_below": 128, "split_below": 128, "split_min_k": 256, "slice_min": 128},
+    "64-tiles, split K>=256 to 64": {"small_tiles_below": 0, "split_below": 128, "split_min_k": 256, "slice_min": 64},
+    "32-tiles below 256 wg, split below 256": {"small_tiles_below": 256, "split_below": 256, "split_min_k": 256, "slice_min": 128},
+}
+ITERS = 100
+ATTENTION_PLANS = {"keys >= 128 per split": {"min_split_keys": 128}, "keys >= 64": {"min_split_keys": 64},
+                   "keys >= 32": {"min_split_keys": 32}}
+
+
+def _gemm_model(m, k, n, epi):
+    from meganeura.compiler import Builder
+
+    rng = np.random.default_rng(0)
+    b = Builder()
+    x = b.input("x", (m, k))
+    y = b.linear(x, b.param("w", rng.standard_normal((n, k)) / np.sqrt(k)),
+                 b.param("b", rng.standard_normal(n)) if epi != "none" else None)
+    b.output("y", b.gelu(y) if epi == "gelu" else y)
+    return b.build(), {"x": rng.standard_normal((m, k)).astype(np.float32)}
+
+
+def _attention_model(b_, h, s, t, d):
+    from meganeura.compiler import Builder
+
+    rng = np.random.default_rng(0)
+    b = Builder()
+    q, k, v = b.input("q", (b_, h, s, d)), b.input("k", (b_, h, t, d)), b.input("v", (b_, h, t, d))
+    b.output("y", b.op("attention", q, k, v, causal=False))
+    return b.build(), {n: rng.standard_normal(sh).astype(np.float32) for n, sh in
+                       (("q", (b_, h, s, d)), ("k", (b_, h, t, d)), ("v", (b_, h, t, d)))}
+
+
+def _ours(device, model, inputs):
+    from meganeura.compiler import compile_model
+    from meganeura.runtime import Package, Session
+    from timing import time_program
+
+    s = Session(device, Package.from_bytes(compile_model(model)))
+    r = time_program(s, "infer", inputs, iters=ITERS, warmup=min(ITERS, 10))
+    return (r["gpu_ms"] or 0.0) * 1e3, r["dispatches"]
+
+
+def _torch_us(fn):
+    import torch
+
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(100):
+        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(e) * 1e3)
+    return float(np.median(times))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="out/bench")
+    ap.add_argument("--smoke", action="store_true", help="two small cases, three runs each (CPU rasterisers)")
+    args = ap.parse_args(argv)
+    global GEMMS, ATTENTIONS, ITERS
+    if args.smoke:
+        GEMMS, ATTENTIONS, ITERS = [(33, 40, 20, "gelu"), (20, 600, 30, "bias")], [(1, 2, 40, 300, 8)], 3
+    from meganeura.compiler import codegen, codegen_nn
+    from meganeura.runtime.device import default_device
+
+    device = default_device()
+    try:
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = False
+        cuda = torch.cuda.is_available()
+    except ImportError:
+        cuda = False
+    rows, saved_g, saved_a = [], dict(codegen.GEMM_PLAN), dict(codegen_nn.ATTENTION_PLAN)
+    for m, k, n, epi in GEMMS:
+        model, inputs = _gemm_model(m, k, n, epi)
+        row = {"case": f"gemm {m}x{k}x{n} +{epi}", "plans": {}}
+        for name, plan in GEMM_PLANS.items():
+            codegen.GEMM_PLAN.update(plan)
+            row["plans"][name] = _ours(device, model, inputs)
+        if cuda:
+            x = torch.tensor(inputs["x"], device="cuda")
+            w = torch.tensor(model.params["w"], dtype=torch.float32, device="cuda")
+            bias = torch.tensor(model.params["b"], dtype=torch.float32, device="cuda") if epi != "none" else None
+            f = torch.nn.functional
+            row["torch_us"] = _torch_us(lambda: f.gelu(f.linear(x, w, bias)) if epi == "gelu" else f.linear(x, w, bias))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    codegen.GEMM_PLAN.update(saved_g)
+    for shape in ATTENTIONS:
+        model, inputs = _attention_model(*shape)
+        row = {"case": f"attention {shape}", "plans": {}}
+        for name, plan in ATTENTION_PLANS.items():
+            codegen_nn.ATTENTION_PLAN.update(plan)
+            row["plans"][name] = _ours(device, model, inputs)
+        if cuda:
+            q, k, v = (torch.tensor(inputs[n], device="cuda") for n in "qkv")
+            row["torch_us"] = _torch_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    codegen_nn.ATTENTION_PLAN.update(saved_a)
+    totals = {}
+    for r in rows:
+        for name, (us, _) in r["plans"].items():
+            totals.setdefault(r["case"].split()[0], {}).setdefault(name, 0.0)
+            totals[r["case"].split()[0]][name] += us
+    print(json.dumps({"totals_us": totals}, indent=1))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gemm_policy.json").write_text(json.dumps({"rows": rows, "totals_us": totals}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
