@@ -20,16 +20,16 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
     (512, 576, 576, "none"), (512, 576, 1536, "none"), (512, 1536, 576, "none"),
 ]
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
-GEMM_PLANS = {
-    "old: 64-tiles, split K>=512": {"small_tiles_below": 0, "split_below": 128, "split_min_k": 512, "slice_min": 256},
-    "32-tiles below 128 wg": {"small_tiles_below": 128, "split_below": 128, "split_min_k": 512, "slice_min": 256},
-    "32-tiles below 128, split K>=256": {"small_tiles_below": 128, "split_below": 128, "split_min_k": 256, "slice_min": 128},
-    "64-tiles, split K>=256 to 64": {"small_tiles_below": 0, "split_below": 128, "split_min_k": 256, "slice_min": 64},
-    "32-tiles below 256 wg, split below 256": {"small_tiles_below": 256, "split_below": 256, "split_min_k": 256, "slice_min": 128},
+GEMM_PLANS = {  # codegen.GEMM_PLAN settings; the first is the default
+    "F: 32-tiles for K <= 512, else 64 + split; fill 256": {"fill": 256, "short_k": 512, "slice_min": 64,
+                                                            "slice_min_short": 128},
+    "F, fill 384": {"fill": 384, "short_k": 512, "slice_min": 64, "slice_min_short": 128},
+    "F, short K <= 384": {"fill": 256, "short_k": 384, "slice_min": 64, "slice_min_short": 128},
+    "F, short-K slices >= 64": {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 64},
+    "64-tiles only (short_k 0), fill 256": {"fill": 256, "short_k": 0, "slice_min": 64, "slice_min_short": 128},
 }
 ITERS = 100
-ATTENTION_PLANS = {"keys >= 128 per split": {"min_split_keys": 128}, "keys >= 64": {"min_split_keys": 64},
-                   "keys >= 32": {"min_split_keys": 32}}
+ATTENTION_PLANS = {"keys >= 32 per split": {"min_split_keys": 32}, "keys >= 128": {"min_split_keys": 128}}
 
 
 def _gemm_model(m, k, n, epi):
@@ -53,6 +53,19 @@ def _attention_model(b_, h, s, t, d):
     b.output("y", b.op("attention", q, k, v, causal=False))
     return b.build(), {n: rng.standard_normal(sh).astype(np.float32) for n, sh in
                        (("q", (b_, h, s, d)), ("k", (b_, h, t, d)), ("v", (b_, h, t, d)))}
+
+
+def _chain_model(length):
+    """`length` dependent 4x16x16 matmuls: one tiny dispatch each (the per-dispatch floor)."""
+    from meganeura.compiler import Builder
+
+    rng = np.random.default_rng(0)
+    b = Builder()
+    y = b.input("x", (4, 16))
+    for i in range(length):
+        y = b.matmul(y, b.param(f"w{i}", rng.standard_normal((16, 16)) / 4))
+    b.output("y", y)
+    return b.build(), {"x": rng.standard_normal((4, 16)).astype(np.float32)}
 
 
 def _ours(device, model, inputs):
@@ -129,9 +142,16 @@ def main(argv=None):
         print(json.dumps(row), flush=True)
         rows.append(row)
     codegen_nn.ATTENTION_PLAN.update(saved_a)
+    floor = {}
+    for length in (1, 64):
+        us, n = _ours(device, *_chain_model(length))
+        floor[length] = (us, n)
+    per = (floor[64][0] - floor[1][0]) / max(1, floor[64][1] - floor[1][1])
+    rows.append({"case": "dispatch floor", "us_per_dependent_dispatch": per, "one_dispatch_pass_us": floor[1][0]})
+    print(json.dumps(rows[-1]), flush=True)
     totals = {}
     for r in rows:
-        for name, (us, _) in r["plans"].items():
+        for name, (us, _) in r.get("plans", {}).items():
             totals.setdefault(r["case"].split()[0], {}).setdefault(name, 0.0)
             totals[r["case"].split()[0]][name] += us
     print(json.dumps({"totals_us": totals}, indent=1))

@@ -138,7 +138,45 @@ def dinov2_vits14(smoke=False):
                         {"pixel_values": x}, labels, notes=notes)
     return Case(model, _train("mse"), {"pixel_values": x, "labels": labels}, setup, "last_hidden_state",
                 config=f"ViT width {cfg.hidden_size}, {cfg.num_hidden_layers} layers, {size}x{size}, batch 1, "
-                       "mse on last_hidden_state", notes=notes)
+                       "mse on last_hidden_state", notes=notes, torch_variants=lambda dev: _faster_torch(ref, x, dev))
+
+
+def _faster_torch(ref, x, dev):
+    """The issue's other PyTorch baselines for DINOv2 inference: a CUDA graph of the eager
+    forward, and torch.compile (default mode): {name: (infer fn, seconds to make it)}."""
+    import time
+
+    import torch
+
+    m = ref.to(dev).eval()
+    px = torch.tensor(x, device=dev)
+
+    def eager():
+        with torch.no_grad():
+            return m(pixel_values=px).last_hidden_state
+    out = {}
+    t = time.perf_counter()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            eager()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        eager()
+    torch.cuda.synchronize()
+    out["cuda_graph"] = (graph.replay, time.perf_counter() - t)
+    t = time.perf_counter()
+    compiled = torch.compile(m)
+
+    def compiled_infer():
+        with torch.no_grad():
+            return compiled(pixel_values=px).last_hidden_state
+    compiled_infer()
+    torch.cuda.synchronize()
+    out["torch_compile"] = (compiled_infer, time.perf_counter() - t)
+    return out
 
 
 def resnet50(smoke=False):

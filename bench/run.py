@@ -103,6 +103,14 @@ def run_one(name, spec, args, device, tdev):
             row[prog] = {"meganeura": ours, "torch": theirs,
                          "gpu_ratio": ours["gpu_ms"] / theirs["gpu_ms"] if ours["gpu_ms"] else None,
                          "wall_ratio": ours["wall_ms"] / theirs["wall_ms"]}
+        if cuda and case.torch_variants is not None:  # e.g. DINOv2: CUDA graph, torch.compile
+            try:
+                for vname, (fn, made_s) in case.torch_variants(tdev).items():
+                    row["infer"][f"torch_{vname}"] = {**time_torch(fn, device=tdev, **kw), "made_s": made_s}
+                    row["infer"][f"gpu_ratio_vs_{vname}"] = (row["infer"]["meganeura"]["gpu_ms"]
+                                                              / row["infer"][f"torch_{vname}"]["gpu_ms"])
+            except Exception as exc:  # noqa: BLE001  (torch.compile needs a C compiler and Triton: report, go on)
+                row["infer"]["torch_variants_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         if args.profile:  # after the timed loops: one pass per dispatch inflates nothing they measure
             from profile_program import profile, summarize
 
@@ -264,6 +272,15 @@ def _table(info, rows, summary):
               f"- meganeura buffers <= torch peak: {s['memory_le_torch']} of {s['memory_compared']}",
               f"- targets met: {s['targets_met'] if s['targets_met'] is not None else 'n/a (not all five measured)'}",
               f"- outputs that do not match torch (max rel err > {MATCH_TOL:g}): {s['mismatches'] or 'none'}"]
+    for r in rows:
+        inf = r.get("infer", {})
+        for v in ("cuda_graph", "torch_compile"):
+            if f"torch_{v}" in inf:
+                lines.append(f"- {r['workload']} inference vs PyTorch {v.replace('_', ' ')}: "
+                             f"{_f(inf['meganeura']['gpu_ms'])} vs {inf[f'torch_{v}']['gpu_ms']:.3f} ms GPU "
+                             f"(x{_f(inf[f'gpu_ratio_vs_{v}'], '.2f')}; made in {inf[f'torch_{v}']['made_s']:.1f} s)")
+        if "torch_variants_error" in inf:
+            lines.append(f"- {r['workload']}: PyTorch's CUDA graph / torch.compile failed: {inf['torch_variants_error']}")
     notes = {r["workload"]: r["notes"] for r in rows if r.get("notes")}
     if notes:
         lines += ["", "Torch side: " + "; ".join(f"{k}: {', '.join(f'{a} {b}' for a, b in v.items())}"

@@ -23,6 +23,7 @@ class Case:
     paper: bool = False  # one of the paper's five workloads (the summary's population)
     config: str = ""  # what was built, for the table
     notes: dict = field(default_factory=dict)  # filled by setup: torch-side details (attention, AdamW)
+    torch_variants: Callable | None = None  # cuda device -> {name: (infer fn, seconds to make it)}
 
 
 def _gemm(m, k, n):

@@ -405,9 +405,11 @@ STORES128 = "\n".join(
 _temp_ids = iter(range(1 << 62))
 
 
-# GEMM shape plan, tuned on the H200 (bench/gemm_policy.py): 64-tiles that cannot give the
-# GPU this many workgroups drop to 32-tiles; K is split when the tiles still cannot fill it
-GEMM_PLAN = {"small_tiles_below": 128, "split_below": 128, "split_min_k": 512, "slice_min": 256}
+# GEMM shape plan, from bench/gemm_policy.py on the H200 (bench/results): when 64-tiles
+# give fewer than `fill` workgroups, a short K (<= `short_k`) takes 32-tiles (4x the
+# workgroups, each cheap), a long K keeps 64-tiles and is split into slices of at least
+# `slice_min`; either is split further until about `fill` workgroups run.
+GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128}
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int) -> tuple:
@@ -415,13 +417,15 @@ def gemm_plan(m: int, n: int, k: int, groups: int) -> tuple:
     def tiles(t):
         return -(-m // t) * -(-n // t) * groups
 
+    fill = GEMM_PLAN["fill"]
     if tiles(128) >= 256:  # large tiles only when they still fill the GPU
         return 128, 8, 1
-    tile = 64 if tiles(64) >= GEMM_PLAN["small_tiles_below"] else 32
-    t = tiles(tile)
-    if t >= GEMM_PLAN["split_below"] or k < GEMM_PLAN["split_min_k"]:
-        return tile, 16, 1
-    return tile, 16, max(1, min(64, -(-256 // t), k // GEMM_PLAN["slice_min"]))
+    if tiles(64) >= fill:
+        return 64, 16, 1
+    short = k <= GEMM_PLAN["short_k"]
+    tile = 32 if short else 64
+    slice_min = GEMM_PLAN["slice_min_short" if short else "slice_min"]
+    return tile, 16, max(1, min(64, -(-fill // tiles(tile)), k // slice_min))
 
 
 def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, load_b: str, store: str,

@@ -224,9 +224,9 @@ def _bind_strided(sched: Schedule, bind: _Bindings, i: int) -> tuple:
     return st[0], st[1], st[2]
 
 
-# key ranges of at least this many keys when attention splits them (tuned on the H200:
-# bench/gemm_policy.py)
-ATTENTION_PLAN = {"min_split_keys": 128}
+# key ranges of at least this many keys when attention splits them (bench/gemm_policy.py,
+# H200: 257 tokens 61.9 us with 128, 40.7 with 32)
+ATTENTION_PLAN = {"min_split_keys": 32}
 
 
 def attention(sched: Schedule, k: Kernel) -> KernelCode:

@@ -75,16 +75,20 @@ class Package:
         self.raw_size = raw_size
 
     @classmethod
-    def load(cls, path) -> "Package":
+    def load(cls, path) -> Package:
         try:
-            data = Path(path).read_bytes()
+            data = _read_file(path)
         except OSError as exc:
             raise PackageError(f"cannot read package {path}: {exc.strerror or exc}") from None
-        return cls.from_bytes(data)
+        return cls._parse(data)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "Package":
-        data = bytes(data)
+    def from_bytes(cls, data: bytes) -> Package:
+        return cls._parse(bytes(data))  # a copy unless it is bytes already: the weights view it
+
+    @classmethod
+    def _parse(cls, data) -> Package:
+        """`data`: the package's bytes (bytes, or a view of memory nobody else holds)."""
         if len(data) < len(MAGIC) + 12 + 8 + 32:
             _fail(f"not a meganeura package: {len(data)} bytes is too short")
         if data[:8] != MAGIC:
@@ -300,6 +304,57 @@ def _workgroups(d, where):
         _int(n, f"{where}.workgroups", 0, 1 << 31)
 
 
+def _read_file(path) -> memoryview:
+    """The file's bytes, read by several threads into one buffer: the first touch of fresh
+    memory, not the copy out of the page cache, is what a read of gigabytes pays, and
+    threads pay it in parallel (os.preadv releases the GIL)."""
+    with open(path, "rb") as f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        view = memoryview(np.empty(size, np.uint8))  # untouched pages (a bytearray zero-fills them)
+        step = 64 << 20
+        parts = [(o, min(size, o + step)) for o in range(0, size, step)]
+        errors = []
+
+        def read(a, b):
+            while a < b:
+                n = os.preadv(fd, [view[a:b]], a)
+                if n <= 0:
+                    raise OSError(f"the file ended at byte {a} of {size} while being read")
+                a += n
+        if len(parts) <= 1:
+            for a, b in parts:
+                read(a, b)
+            return view
+        _on_threads([lambda a=a, b=b: read(a, b) for a, b in parts], errors)
+        if errors:
+            raise errors[0]
+        return view
+
+
+def _on_threads(tasks, errors: list):
+    """Run callables on up to 8 threads (the caller's included; zlib and os.preadv release
+    the GIL); collect their OSErrors."""
+    it, lock = iter(tasks), threading.Lock()
+
+    def work():
+        while True:
+            with lock:
+                task = next(it, None)
+            if task is None:
+                return
+            try:
+                task()
+            except OSError as exc:
+                errors.append(exc)
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(min(len(tasks), min(8, os.cpu_count() or 1)) - 1)]
+    for t in threads:
+        t.start()
+    work()
+    for t in threads:
+        t.join()
+
+
 def _check_blob(blob: memoryview, ck: dict):
     """Each chunk of the weights against its CRC-32, on threads (zlib releases the GIL)."""
     size = ck["chunk_bytes"]
@@ -307,25 +362,13 @@ def _check_blob(blob: memoryview, ck: dict):
     if len(ck["values"]) != 4 * len(ranges):
         _fail(f"damaged package: {len(ck['values']) // 4} weight checksums for {len(ranges)} chunks")
     want = struct.unpack(f">{len(ranges)}I", ck["values"])
-    bad, jobs = [], iter(range(len(ranges)))
-    lock = threading.Lock()
+    bad = []
 
-    def work():
-        while True:
-            with lock:
-                c = next(jobs, None)
-            if c is None:
-                return
-            a, b = ranges[c]
-            if zlib.crc32(blob[a:b]) != want[c]:
-                bad.append(c)
-    n = min(len(ranges), max(1, min(8, os.cpu_count() or 1)))
-    threads = [threading.Thread(target=work, daemon=True) for _ in range(n - 1)]
-    for t in threads:
-        t.start()
-    work()
-    for t in threads:
-        t.join()
+    def check(c):
+        a, b = ranges[c]
+        if zlib.crc32(blob[a:b]) != want[c]:
+            bad.append(c)
+    _on_threads([lambda c=c: check(c) for c in range(len(ranges))], [])
     if bad:
         a, b = ranges[min(bad)]
         _fail(f"damaged weights: bytes {a}-{b} of the weights blob fail their checksum "
@@ -365,7 +408,9 @@ def _load_weights(blob: memoryview, m: dict) -> dict:
         count = int(np.prod(shape, dtype=np.int64))
         if a < 0 or b - a != 4 * count:
             _fail(f"{w}: data_offsets {offsets!r:.60} do not hold {count} values of 4 bytes")
-        weights[name] = np.frombuffer(data, dtype, count, a).reshape(shape)
+        arr = np.frombuffer(data, dtype, count, a).reshape(shape)
+        arr.flags.writeable = False  # a view of the package's bytes (which may be writable memory)
+        weights[name] = arr
     named = {t["name"] for t in m["tensors"] if t["role"] != "output" and t["init"] == "blob"}
     if set(weights) - named:
         _fail(f"the weights hold tensors the manifest does not name: {sorted(set(weights) - named)[:5]}")

@@ -14,8 +14,8 @@ CASES = {  # (a shape, b shape, trans_a, trans_b): edges, batches, split-K, the 
     "large_tiles": ((520, 96), (96, 530), False, False),
     "batched_broadcast": ((2, 3, 33, 20), (3, 20, 17), False, False),
     "transposed_a": ((40, 70), (40, 9), True, False),
-    "tiles_of_64": ((720, 40), (40, 720), False, False),
-    "tiles_of_32_split_k": ((33, 1100), (1100, 70), False, False),
+    "tiles_of_64": ((1040, 40), (40, 1040), False, False),
+    "tiles_of_32_split_k": ((33, 300), (300, 70), False, False),
 }
 
 
@@ -23,9 +23,10 @@ def test_gemm_plans_by_shape():
     from meganeura.compiler.codegen import gemm_plan
 
     assert gemm_plan(4096, 4096, 4096, 1) == (128, 8, 1)
-    assert gemm_plan(720, 720, 40, 1) == (64, 16, 1)
-    assert gemm_plan(257, 384, 384, 1) == (32, 16, 1)  # 64-tiles: 30 workgroups on 132 SMs
-    assert gemm_plan(33, 70, 1100, 1)[:2] == (32, 16) and gemm_plan(33, 70, 1100, 1)[2] > 1
+    assert gemm_plan(1040, 1040, 40, 1) == (64, 16, 1)
+    assert gemm_plan(720, 720, 40, 1) == (32, 16, 1)
+    assert gemm_plan(257, 384, 384, 1) == (32, 16, 3)  # 64-tiles: 30 workgroups on 132 SMs
+    assert gemm_plan(33, 70, 1100, 1) == (64, 16, 17)  # a long K: split instead
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
