@@ -78,6 +78,23 @@ def _ours(device, model, inputs):
     return (r["gpu_ms"] or 0.0) * 1e3, r["dispatches"]
 
 
+def _torch_gemm(x, params, epi):
+    import torch
+
+    f = torch.nn.functional
+    x = torch.tensor(x, device="cuda")
+    w = torch.tensor(params["w"], dtype=torch.float32, device="cuda")
+    bias = torch.tensor(params["b"], dtype=torch.float32, device="cuda") if epi != "none" else None
+    return (lambda: f.gelu(f.linear(x, w, bias))) if epi == "gelu" else (lambda: f.linear(x, w, bias))
+
+
+def _torch_attention(inputs):
+    import torch
+
+    q, k, v = (torch.tensor(inputs[n], device="cuda") for n in "qkv")
+    return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
 def _torch_us(fn):
     import torch
 
@@ -122,11 +139,7 @@ def main(argv=None):
             codegen.GEMM_PLAN.update(plan)
             row["plans"][name] = _ours(device, model, inputs)
         if cuda:
-            x = torch.tensor(inputs["x"], device="cuda")
-            w = torch.tensor(model.params["w"], dtype=torch.float32, device="cuda")
-            bias = torch.tensor(model.params["b"], dtype=torch.float32, device="cuda") if epi != "none" else None
-            f = torch.nn.functional
-            row["torch_us"] = _torch_us(lambda: f.gelu(f.linear(x, w, bias)) if epi == "gelu" else f.linear(x, w, bias))
+            row["torch_us"] = _torch_us(_torch_gemm(inputs["x"], model.params, epi))
         print(json.dumps(row), flush=True)
         rows.append(row)
     codegen.GEMM_PLAN.update(saved_g)
@@ -137,8 +150,7 @@ def main(argv=None):
             codegen_nn.ATTENTION_PLAN.update(plan)
             row["plans"][name] = _ours(device, model, inputs)
         if cuda:
-            q, k, v = (torch.tensor(inputs[n], device="cuda") for n in "qkv")
-            row["torch_us"] = _torch_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
+            row["torch_us"] = _torch_us(_torch_attention(inputs))
         print(json.dumps(row), flush=True)
         rows.append(row)
     codegen_nn.ATTENTION_PLAN.update(saved_a)

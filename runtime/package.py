@@ -25,6 +25,7 @@ MAX_MANIFEST = 256 << 20
 ROLES = ("input", "param", "state", "constant", "output")
 DTYPES = {"f32": np.float32, "i32": np.int32}
 ACCESS = ("read", "read_write")
+READ_STEP = 64 << 20  # bytes per read task when loading a file
 DEVICE_CLASSES = ("cpu", "gpu")  # kernel variants: CPU rasterisers (lavapipe) rank kernels differently
 
 
@@ -312,8 +313,7 @@ def _read_file(path) -> memoryview:
         fd = f.fileno()
         size = os.fstat(fd).st_size
         view = memoryview(np.empty(size, np.uint8))  # untouched pages (a bytearray zero-fills them)
-        step = 64 << 20
-        parts = [(o, min(size, o + step)) for o in range(0, size, step)]
+        parts = [(o, min(size, o + READ_STEP)) for o in range(0, size, READ_STEP)]
         errors = []
 
         def read(a, b):

@@ -462,3 +462,20 @@ def test_missing_file_and_wrong_magic(tmp_path):
     (tmp_path / "x.mnpk").write_bytes(b"PK\x03\x04" + b"\0" * 100)
     with pytest.raises(PackageError, match="magic"):
         Package.load(tmp_path / "x.mnpk")
+
+
+def test_a_file_read_in_many_parts_equals_its_bytes(good, tmp_path, monkeypatch):
+    from meganeura.runtime import package as package_module
+
+    path = tmp_path / "p.mnpk"
+    path.write_bytes(good)
+    monkeypatch.setattr(package_module, "READ_STEP", 1000)  # dozens of parts on threads
+    assert len(good) > 20 * 1000
+    from_file, from_bytes = Package.load(path), Package.from_bytes(good)
+    assert from_file.manifest == from_bytes.manifest
+    for name, value in from_bytes.weights.items():
+        np.testing.assert_array_equal(from_file.weights[name], value)
+        assert not from_file.weights[name].flags.writeable  # views of the package's bytes
+    path.write_bytes(good[:-7])
+    with pytest.raises(PackageError, match="truncated"):
+        Package.load(path)
