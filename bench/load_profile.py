@@ -26,6 +26,8 @@ def _timed(cls, names, acc):
                 return _f(*a, **kw)
             finally:
                 acc.setdefault(_k, []).append(time.perf_counter() - t)
+                if _k == "_pipeline":  # (self, index, kernel): which kernels the driver is slow on
+                    acc.setdefault("kernels", []).append((acc[_k][-1], a[2].get("label", ""), len(a[2]["wgsl"])))
         setattr(cls, k, g)
 
 
@@ -67,10 +69,12 @@ def main(argv=None):
                        "package_mb": pkg.raw_size / 2**20, "kernels": kernels,
                        "dispatches": sum(len(p) for p in s.programs.values()),
                        "package_load_s": t1 - t, "session_s": t2 - t1,
-                       **{f"{k.strip('_')}_s": sum(v) for k, v in acc.items() if k != "_pipeline"},
+                       **{f"{k.strip('_')}_s": sum(v) for k, v in acc.items() if k not in ("_pipeline", "kernels")},
                        "pipeline_ms_median": 1e3 * per_kernel[len(per_kernel) // 2] if per_kernel else None,
                        "pipeline_ms_max": 1e3 * per_kernel[-1] if per_kernel else None,
-                       "pipeline_ms_sum": 1e3 * sum(per_kernel)}
+                       "pipeline_ms_sum": 1e3 * sum(per_kernel),
+                       "slowest_kernels": [(label, round(1e3 * dt, 1), size) for dt, label, size in
+                                           sorted(acc.get("kernels", []), reverse=True)[:8]]}
                 row["rest_s"] = row["session_s"] - row.get("allocate_s", 0) - row.get("write_s", 0) - row.get("pipelines_s", 0)
                 print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
                 rows.append(row)
