@@ -44,7 +44,11 @@ def main(argv=None):
     ap.add_argument("--no-reserve", action="store_true",
                     help="experiment: no early Reservation of the package bytes (pages touched at the end)")
     ap.add_argument("--populate-threads", type=int, help="experiment: threads that fault in the reserved pages")
+    ap.add_argument("--bench-workload", help="experiment: compile bench/run.py's workload NAME (its PyTorch twin "
+                                             "held in this process, as the bench does), printing each stage")
     args = ap.parse_args(argv)
+    if args.bench_workload:
+        return _in_bench_process(args.bench_workload, args.repeat)
     from meganeura.compiler import blob, compile_model
     from meganeura.compiler import compile as compile_module
 
@@ -83,6 +87,34 @@ def main(argv=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compile_times.json").write_text(json.dumps(rows, indent=1))
+
+
+def _in_bench_process(name: str, repeat: int):
+    """Compile as bench/run.py does (its twin and weights in memory), `repeat` times."""
+    import gc
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import models  # noqa: F401  (registers the bench's workloads)
+    from workloads import WORKLOADS
+
+    from meganeura.compiler import compile_model
+
+    case = WORKLOADS[name]()
+    gc.collect()
+    for _ in range(repeat):
+        marks = {}
+        t, cpu = time.perf_counter(), time.process_time()
+        data = compile_model(case.model, case.train, share_scratch=True,
+                             progress=lambda stage, marks=marks: marks.setdefault(stage, time.perf_counter()))
+        end = time.perf_counter()
+        stages, last = [], t
+        for stage, at in list(marks.items()) + [("end", end)]:
+            stages.append(f"{at - last:.2f}")
+            last = at
+        print(f"{name}: compile {end - t:.2f} s, cpu {time.process_time() - cpu:.2f} s; stages "
+              + " / ".join(f"{s}" for s in stages) + f" ({', '.join(marks)}, end)", flush=True)
+        del data
 
 
 if __name__ == "__main__":

@@ -89,6 +89,7 @@ def schedule(graph: Graph) -> Schedule:
     # A chain is looked at again only once a node of it was materialized: rescanning all
     # of them per pass cost 15 passes x 7,000 chains in an SD-size training step.
     holders = {}  # inlined node -> roots whose members held it then
+    fitted = {}  # root -> (members, external reads) as last computed
     dirty = set(live)
     changed = True
     while changed:
@@ -102,7 +103,9 @@ def schedule(graph: Graph) -> Schedule:
             members = _members(graph, r, inlined)
             for m in members:
                 holders.setdefault(m, set()).add(r)
-            if len(_external_reads(graph, members)) + 1 > MAX_BINDINGS and len(members) > 1:
+            reads = _external_reads(graph, members)
+            fitted[r] = members, reads  # current once the loop ends: a change re-dirties its holders
+            if len(reads) + 1 > MAX_BINDINGS and len(members) > 1:
                 inner = sorted(members - {r}, key=lambda i: len(_external_reads(graph, _members(graph, i, inlined))))
                 inlined.discard(inner[-1])
                 dirty.add(inner[-1])
@@ -160,8 +163,12 @@ def schedule(graph: Graph) -> Schedule:
 
     for r in roots:
         n = nodes[r]
-        members = _members(graph, r, inlined) if is_elementwise(n.op) or _is_reduce(n.op) else {r}
-        ext = {aliases.get(x, x) for x in _external_reads(graph, members)}
+        if r in fitted:
+            members, reads = fitted[r]
+        else:
+            members = _members(graph, r, inlined) if is_elementwise(n.op) or _is_reduce(n.op) else {r}
+            reads = _external_reads(graph, members)
+        ext = {aliases.get(x, x) for x in reads}
         target = None
         if is_elementwise(n.op):
             # join a kernel whose output we read, unless another input depends on that kernel

@@ -7,7 +7,6 @@ kernel per parameter.
 """
 from __future__ import annotations
 
-import copy
 import fnmatch
 import math
 from dataclasses import dataclass, field
@@ -96,8 +95,10 @@ def train_mode(forward: Graph, momentum_default: float = 0.1) -> Graph:
 
     from .ir import make_attrs
 
-    # weight arrays are never written in place: share them (copying them cost seconds at 135 M)
-    g = copy.deepcopy(forward, memo={id(v): v for v in forward.values.values()})
+    # nodes are frozen and weight arrays never written in place: share both, copy the containers
+    g = Graph(nodes=list(forward.nodes), outputs=dict(forward.outputs), assigns=dict(forward.assigns),
+              values=dict(forward.values), frozen=set(forward.frozen), named=dict(forward.named),
+              by_op={op: dict(v) for op, v in forward.by_op.items()})
     e = Emitter(g)
     updates = {}
     for i, n in enumerate(list(g.nodes)):
