@@ -23,7 +23,16 @@ def _timed(cls, names, acc):
         def g(*a, _f=f, _k=k, **kw):
             t = time.perf_counter()
             try:
-                return _f(*a, **kw)
+                out = _f(*a, **kw)
+                if _k == "_start_pipelines":  # time the wait for them too (after the upload)
+                    def finish(*fa, _finish=out, **fkw):
+                        t0 = time.perf_counter()
+                        try:
+                            return _finish(*fa, **fkw)
+                        finally:
+                            acc.setdefault("pipelines_wait", []).append(time.perf_counter() - t0)
+                    return finish
+                return out
             finally:
                 acc.setdefault(_k, []).append(time.perf_counter() - t)
                 if _k == "_pipeline":  # (self, index, kernel): which kernels the driver is slow on
@@ -44,7 +53,7 @@ def main(argv=None):
     from meganeura.runtime.device import default_device
 
     dev = default_device()
-    originals = {k: getattr(Session, k) for k in ("_allocate", "_write", "_pipelines", "_pipeline")}
+    originals = {k: getattr(Session, k) for k in ("_allocate", "_write", "_start_pipelines", "_pipeline")}
     rows = []
     for name, build, train in compile_times.workloads():
         if args.only and not any(o.lower() in name.lower() for o in args.only):
@@ -75,7 +84,8 @@ def main(argv=None):
                        "pipeline_ms_sum": 1e3 * sum(per_kernel),
                        "slowest_kernels": [(label, round(1e3 * dt, 1), size) for dt, label, size in
                                            sorted(acc.get("kernels", []), reverse=True)[:8]]}
-                row["rest_s"] = row["session_s"] - row.get("allocate_s", 0) - row.get("write_s", 0) - row.get("pipelines_s", 0)
+                row["rest_s"] = (row["session_s"] - row.get("allocate_s", 0) - row.get("write_s", 0)
+                                 - row.get("start_pipelines_s", 0) - row.get("pipelines_wait_s", 0))
                 print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
                 rows.append(row)
                 s.close()

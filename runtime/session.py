@@ -49,18 +49,24 @@ class Session:
         m = pkg.manifest
         self._check_device(m)  # every size against the device before any allocation
         self.tensors = m["tensors"]
-        self.buffers = self._allocate(m["buffers"])
-        with self._gpu("uploading the weights"):
-            for t in self.tensors:
-                if t["role"] in ("param", "state", "constant") and t["init"] == "blob":
-                    self._write(t, pkg.weights[t["name"]])
         self._layouts = {}
         self.device_class = device_class or (
             "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu")
         chosen = [d.get("variants", {}).get(self.device_class, d) for p in m["programs"].values()
                   for d in p["dispatches"]]
         used = {c["kernel"] for c in chosen}
-        self.kernels = self._pipelines([(i, k) for i, k in enumerate(m["kernels"]) if i in used])
+        # the driver compiles pipelines on threads while this one uploads the weights
+        pipelines = self._start_pipelines([(i, k) for i, k in enumerate(m["kernels"]) if i in used])
+        try:
+            self.buffers = self._allocate(m["buffers"])
+            with self._gpu("uploading the weights"):
+                for t in self.tensors:
+                    if t["role"] in ("param", "state", "constant") and t["init"] == "blob":
+                        self._write(t, pkg.weights[t["name"]])
+        except BaseException:
+            pipelines(quiet=True)  # no thread outlives the constructor; the upload's error is the one to see
+            raise
+        self.kernels = pipelines()
         self.programs = {}
         groups = {}  # (layout, buffers) -> bind group: pooled scratch makes many dispatches bind alike
         for name, p in m["programs"].items():
@@ -189,23 +195,31 @@ class Session:
     def __exit__(self, *exc):
         self.close()
 
-    def _pipelines(self, todo) -> dict:
-        """Kernel index -> (pipeline, bind group layout). Drivers compile pipelines on the
-        calling thread and allow several at once: a few threads cut load time (lavapipe, 2
-        cores: 0.40 -> 0.20 s for DINOv2's 118 kernels). Any error is redone one by one, so
-        that the message names the right kernel."""
+    def _start_pipelines(self, todo):
+        """Start making kernel index -> (pipeline, bind group layout) on threads; returns the
+        call that waits for them. Drivers compile pipelines on the calling thread and allow
+        several at once (NVIDIA: ~15 ms each, cold; lavapipe, 2 cores: DINOv2's 118 kernels
+        0.40 -> 0.20 s on threads). Any error is redone one by one, so that the message names
+        the right kernel."""
         for i, k in todo:
             self._layout(k)  # shared by kernels: made here, not in the threads
         workers = min(LOAD_THREADS, os.cpu_count() or 1)
-        if workers > 1 and len(todo) > 8:
-            from concurrent.futures import ThreadPoolExecutor
+        if workers <= 1 or len(todo) <= 8:
+            return lambda quiet=False: {} if quiet else {i: self._pipeline(i, k) for i, k in todo}
+        from concurrent.futures import ThreadPoolExecutor
 
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="meganeura-load")
+        futures = [pool.submit(self._pipeline, i, k) for i, k in todo]
+
+        def finish(quiet=False):
+            pool.shutdown(wait=True)
+            if quiet:
+                return {}
             try:
-                with ThreadPoolExecutor(workers, thread_name_prefix="meganeura-load") as pool:
-                    return dict(zip([i for i, _ in todo], pool.map(lambda ik: self._pipeline(*ik), todo)))
+                return {i: f.result() for (i, _), f in zip(todo, futures)}
             except (PackageError, DeviceLostError, self._wgpu.GPUValidationError):
-                pass
-        return {i: self._pipeline(i, k) for i, k in todo}
+                return {i: self._pipeline(i, k) for i, k in todo}
+        return finish
 
     def _layout(self, k):
         wgpu = self._wgpu
