@@ -18,15 +18,16 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
     (1500, 384, 384, "bias"), (1500, 384, 1536, "gelu"), (1500, 1536, 384, "bias"),
     (50, 720, 720, "bias"), (50, 720, 2048, "none"), (50, 2048, 720, "none"), (113, 960, 320, "none"),
     (512, 576, 576, "none"), (512, 576, 1536, "none"), (512, 1536, 576, "none"),
+    (4096, 4096, 4096, "none"), (4096, 4096, 4096, "plain"),  # "plain": x @ w with w [k, n], as bench/run.py's gemm_*
 ]
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
 GEMM_PLANS = {  # codegen.GEMM_PLAN settings; the first is the default
-    "F: 32-tiles for K <= 512, else 64 + split; fill 256": {"fill": 256, "short_k": 512, "slice_min": 64,
-                                                            "slice_min_short": 128},
-    "F, fill 384": {"fill": 384, "short_k": 512, "slice_min": 64, "slice_min_short": 128},
-    "F, short K <= 384": {"fill": 256, "short_k": 384, "slice_min": 64, "slice_min_short": 128},
-    "F, short-K slices >= 64": {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 64},
-    "64-tiles only (short_k 0), fill 256": {"fill": 256, "short_k": 0, "slice_min": 64, "slice_min_short": 128},
+    "F, k-fastest staging": {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128,
+                             "k_fastest_staging": True},
+    "F, rows-fastest staging (before)": {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128,
+                                         "k_fastest_staging": False},
+    "F, k-fastest, fill 384": {"fill": 384, "short_k": 512, "slice_min": 64, "slice_min_short": 128,
+                               "k_fastest_staging": True},
 }
 ITERS = 100
 ATTENTION_PLANS = {"keys >= 32 per split": {"min_split_keys": 32}, "keys >= 128": {"min_split_keys": 128}}
@@ -38,8 +39,11 @@ def _gemm_model(m, k, n, epi):
     rng = np.random.default_rng(0)
     b = Builder()
     x = b.input("x", (m, k))
-    y = b.linear(x, b.param("w", rng.standard_normal((n, k)) / np.sqrt(k)),
-                 b.param("b", rng.standard_normal(n)) if epi != "none" else None)
+    if epi == "plain":
+        y = b.matmul(x, b.param("w", rng.standard_normal((k, n)) / np.sqrt(k)))
+    else:
+        y = b.linear(x, b.param("w", rng.standard_normal((n, k)) / np.sqrt(k)),
+                     b.param("b", rng.standard_normal(n)) if epi != "none" else None)
     b.output("y", b.gelu(y) if epi == "gelu" else y)
     return b.build(), {"x": rng.standard_normal((m, k)).astype(np.float32)}
 
@@ -84,6 +88,8 @@ def _torch_gemm(x, params, epi):
     f = torch.nn.functional
     x = torch.tensor(x, device="cuda")
     w = torch.tensor(params["w"], dtype=torch.float32, device="cuda")
+    if epi == "plain":
+        return lambda: x @ w
     bias = torch.tensor(params["b"], dtype=torch.float32, device="cuda") if epi != "none" else None
     return (lambda: f.gelu(f.linear(x, w, bias))) if epi == "gelu" else (lambda: f.linear(x, w, bias))
 

@@ -409,7 +409,7 @@ _temp_ids = iter(range(1 << 62))
 # give fewer than `fill` workgroups, a short K (<= `short_k`) takes 32-tiles (4x the
 # workgroups, each cheap), a long K keeps 64-tiles and is split into slices of at least
 # `slice_min`; either is split further until about `fill` workgroups run.
-GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128}
+GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True}
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int) -> tuple:
@@ -428,11 +428,21 @@ def gemm_plan(m: int, n: int, k: int, groups: int) -> tuple:
     return tile, 16, max(1, min(64, -(-fill // tiles(tile)), k // slice_min))
 
 
+def _staging(k_contiguous: bool, index: str, ks: int, groups: int) -> dict:
+    """Which tile entry (k, group of 4) thread/entry `index` stages: k fastest when the operand
+    is contiguous along K (row-major activations, [out, in] weights), so that neighbouring
+    threads read neighbouring addresses; else the group fastest."""
+    if k_contiguous and GEMM_PLAN["k_fastest_staging"]:
+        return {"K": f"{index} % {ks}u", "G": f"{index} / {ks}u", "ORDER": "k fastest"}
+    return {"K": f"{index} / {groups}u", "G": f"{index} % {groups}u", "ORDER": "rows/columns fastest"}
+
+
 def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, load_b: str, store: str,
-          label: str, names=("a", "b", "c"), prelude: str = ""):
+          label: str, names=("a", "b", "c"), prelude: str = "", k_contiguous=(False, False)):
     """Implicit-GEMM kernel(s) from WGSL bodies of load_a(g, m, k), load_b(g, k, n) and
     store(g, m, n, v). Returns one KernelCode, or two with split-K (partials + sum).
-    Bindings from the third on belong to store() (the output, and an epilogue's inputs)."""
+    Bindings from the third on belong to store() (the output, and an epilogue's inputs).
+    `k_contiguous`: whether A and B are laid out along K in memory (how to stage them)."""
     tile, bk, split = gemm_plan(m, n, k, groups)
     big = tile == 128
     ks = -(-(-(-k // split)) // bk) * bk  # slice length, a multiple of the K step
@@ -448,10 +458,13 @@ def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, l
         decls = "\n".join(all_decls[:2]) + "\n@group(0) @binding(2) var<storage, read_write> partial: array<f32>;"
         st = f"    partial[((slice * {groups}u + g) * {m}u + m) * {n}u + n] = v;"
     common = render("igemm_common", BINDINGS=decls, STORE=st, **contract)
+    index, ks, per_k = ("tid", 8, 32) if big else ("e", 16, tile // 4)
+    order = {f"{op}_{key}": v for op, contiguous in zip("AB", k_contiguous)
+             for key, v in _staging(contiguous, index, ks, per_k).items()}
     if big:
-        wgsl = render("igemm128", COMMON=common, ACC_DECL=ACC128, INNER_LOOP=INNER128, STORES=STORES128)
+        wgsl = render("igemm128", COMMON=common, ACC_DECL=ACC128, INNER_LOOP=INNER128, STORES=STORES128, **order)
     else:
-        wgsl = render("igemm", COMMON=common, INNER_LOOP=INNER[tile // 4], TG=tile // 4, STAGED=4 * tile)
+        wgsl = render("igemm", COMMON=common, INNER_LOOP=INNER[tile // 4], TG=tile // 4, STAGED=4 * tile, **order)
     threads = (8, 8, 1) if tile == 32 else (16, 16, 1)
     code = KernelCode(wgsl, threads, slots, (-(-n // tile), -(-m // tile), groups * split), label)
     code.gemm_decls, code.gemm_store = decls, st  # for variants with other main loops
@@ -517,7 +530,8 @@ def _matmul(sched: Schedule, k: Kernel) -> KernelCode:
         store = f"    c[g * {m_ * n_}u + m * {n_}u + n] = v;"
         names = ["a", "b", "c"]
     batches = int(np.prod(batch_shape, dtype=np.int64))
-    codes = igemm(bind, m_, n_, k_, batches, load_a, load_b, store, label, names, prelude)
+    codes = igemm(bind, m_, n_, k_, batches, load_a, load_b, store, label, names, prelude,
+                  k_contiguous=(sak == 1, sbk == 1))
     if sak == 1 and sbk == 1 and k_ % 4 == 0:  # both along K in memory: the CPU's dot-product kernel
         first = codes[0] if isinstance(codes, list) else codes
         decls = first.gemm_decls

@@ -52,7 +52,8 @@ def conv(sched: Schedule, k: Kernel) -> KernelCode:
             f"    return a[((nb * {c}u + g * {cg}u + ci) * {h}u + u32(iy)) * {wd}u + u32(ix)];"])
         store = "\n".join([_split("n", ["nb", "pix"], [nb, ho * wo]),
                            f"    c[(nb * {o}u + g * {og}u + m) * {ho * wo}u + pix] = v;"])
-        return igemm(bind, og, nb * ho * wo, kk, groups, load_a, load_b, store, "conv2d")
+        return igemm(bind, og, nb * ho * wo, kk, groups, load_a, load_b, store, "conv2d",
+                     k_contiguous=(True, False))  # weights [O, C/g * kh * kw]; pixels along N
     if n.op == "conv_transpose2d":
         x, w = a.shape, b.shape  # x [N, Cin, H, W], w [Cin, Cout/g, kh, kw]
         nb, cin, h, wd = x
@@ -90,7 +91,8 @@ def conv(sched: Schedule, k: Kernel) -> KernelCode:
         f"    if (iy < 0 || iy >= {h} || ix < 0 || ix >= {wd}) {{ return 0.0; }}",
         f"    return a[((nb * {c}u + g * {cg}u + ci) * {h}u + u32(iy)) * {wd}u + u32(ix)];"])
     store = f"    c[(g * {og}u + m) * {cg * kh * kw}u + n] = v;"
-    return igemm(bind, og, cg * kh * kw, nb * ho * wo, groups, load_a, load_b, store, "conv2d_weight_grad")
+    return igemm(bind, og, cg * kh * kw, nb * ho * wo, groups, load_a, load_b, store, "conv2d_weight_grad",
+                 k_contiguous=(True, True))  # K walks pixels in both operands
 
 
 def _map_kernel(bind, total, body, label):

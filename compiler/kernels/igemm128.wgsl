@@ -17,15 +17,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let row0 = wg.y * 128u;
     let col0 = wg.x * 128u;
     let tid = lid.y * 16u + lid.x;
-    let lk = tid / 32u;
-    let lg = tid % 32u;
+    // which threads share a k: {{A_ORDER}} for A, {{B_ORDER}} for B, so that a warp's loads
+    // walk the operand's contiguous dimension
+    let ak = {{A_K}};
+    let ag = {{A_G}};
+    let bk = {{B_K}};
+    let bg = {{B_G}};
 {{ACC_DECL}}
     for (var k0 = slice * KS; k0 < k_end; k0 = k0 + 8u) {
-        let m = row0 + lg * 4u;
-        let k = k0 + lk;
-        a_tile[tid] = vec4<f32>(load_a(g, m, k), load_a(g, m + 1u, k), load_a(g, m + 2u, k), load_a(g, m + 3u, k));
-        let n = col0 + lg * 4u;
-        b_tile[tid] = vec4<f32>(load_b(g, k, n), load_b(g, k, n + 1u), load_b(g, k, n + 2u), load_b(g, k, n + 3u));
+        let m = row0 + ag * 4u;
+        let ka = k0 + ak;
+        a_tile[ak * 32u + ag] = vec4<f32>(load_a(g, m, ka), load_a(g, m + 1u, ka), load_a(g, m + 2u, ka), load_a(g, m + 3u, ka));
+        let n = col0 + bg * 4u;
+        let kb = k0 + bk;
+        b_tile[bk * 32u + bg] = vec4<f32>(load_b(g, kb, n), load_b(g, kb, n + 1u), load_b(g, kb, n + 2u), load_b(g, kb, n + 3u));
         workgroupBarrier();
 {{INNER_LOOP}}
         workgroupBarrier();

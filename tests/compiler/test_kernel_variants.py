@@ -15,6 +15,9 @@ CASES = {  # (a shape, b shape, trans_a, trans_b): edges, batches, split-K, the 
     "batched_broadcast": ((2, 3, 33, 20), (3, 20, 17), False, False),
     "transposed_a": ((40, 70), (40, 9), True, False),
     "tiles_of_64": ((1040, 40), (40, 1040), False, False),
+    "tiles_of_64_k_contiguous": ((1040, 41), (1030, 41), False, True),
+    "tiles_of_128_k_contiguous": ((2050, 12), (2049, 12), False, True),
+    "tiles_of_128_transposed": ((12, 2050), (12, 2049), True, False),
     "tiles_of_32_split_k": ((33, 300), (300, 70), False, False),
 }
 
