@@ -30,7 +30,10 @@ GEMM_PLANS = {  # codegen.GEMM_PLAN settings; the first is the default
                                "k_fastest_staging": True},
 }
 ITERS = 100
-ATTENTION_PLANS = {"keys >= 32 per split": {"min_split_keys": 32}, "keys >= 128": {"min_split_keys": 128}}
+ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 256},
+                   "fill 1024": {"min_split_keys": 32, "fill": 1024, "min_keys": 256},
+                   "fill 1024, from 64 keys": {"min_split_keys": 32, "fill": 1024, "min_keys": 64},
+                   "fill 2048, from 64 keys": {"min_split_keys": 32, "fill": 2048, "min_keys": 64}}
 
 
 def _gemm_model(m, k, n, epi):

@@ -228,7 +228,8 @@ def _bind_strided(sched: Schedule, bind: _Bindings, i: int) -> tuple:
 
 # key ranges of at least this many keys when attention splits them (bench/gemm_policy.py,
 # H200: 257 tokens 61.9 us with 128, 40.7 with 32)
-ATTENTION_PLAN = {"min_split_keys": 32}
+# split keys until about `fill` workgroups run, when there are at least `min_keys`
+ATTENTION_PLAN = {"min_split_keys": 32, "fill": 256, "min_keys": 256}
 
 
 def attention(sched: Schedule, k: Kernel) -> KernelCode:
@@ -261,7 +262,8 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
     # few query blocks (one row per thread) cannot fill a GPU: split the keys across
     # workgroups and merge the partial softmaxes after (flash-decoding)
     blocks = -(-s // 64) * b * h
-    split = 1 if blocks >= 256 or t < 256 else max(1, min(16, -(-256 // blocks), t // ATTENTION_PLAN["min_split_keys"]))
+    fill = ATTENTION_PLAN["fill"]
+    split = 1 if blocks >= fill or t < ATTENTION_PLAN["min_keys"] else max(1, min(16, -(-fill // blocks), t // ATTENTION_PLAN["min_split_keys"]))
     kl = -(-(-(-t // split)) // 32) * 32
     split = -(-t // kl)
     width = 4 * dv4 + 2
