@@ -19,15 +19,16 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
     (50, 720, 720, "bias"), (50, 720, 2048, "none"), (50, 2048, 720, "none"), (113, 960, 320, "none"),
     (512, 576, 576, "none"), (512, 576, 1536, "none"), (512, 1536, 576, "none"),
     (4096, 4096, 4096, "none"), (4096, 4096, 4096, "plain"),  # "plain": x @ w with w [k, n], as bench/run.py's gemm_*
+    (512, 576, 49152, "none"),  # SmolLM2's tied lm head
+    (16, 64, 56, "conv3x3"),  # ResNet-50's stage-1 3x3 convolution at batch 16: (batch, channels, size)
 ]
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
-GEMM_PLANS = {  # codegen.GEMM_PLAN settings; the first is the default
-    "F, k-fastest staging": {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128,
-                             "k_fastest_staging": True},
-    "F, rows-fastest staging (before)": {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128,
-                                         "k_fastest_staging": False},
-    "F, k-fastest, fill 384": {"fill": 384, "short_k": 512, "slice_min": 64, "slice_min_short": 128,
-                               "k_fastest_staging": True},
+_F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True}
+GEMM_PLANS = {  # codegen.GEMM_PLAN settings; the first is the default. 128-tiles only differ in the last two keys
+    "F, 128-tiles BK 8": {**_F, "big_bk": 8, "prefetch": False},
+    "F, 128-tiles BK 16": {**_F, "big_bk": 16, "prefetch": False},
+    "F, 128-tiles BK 8 + prefetch": {**_F, "big_bk": 8, "prefetch": True},
+    "F, 128-tiles BK 16 + prefetch": {**_F, "big_bk": 16, "prefetch": True},
 }
 ITERS = 100
 ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 256},
@@ -41,6 +42,10 @@ def _gemm_model(m, k, n, epi):
 
     rng = np.random.default_rng(0)
     b = Builder()
+    if epi == "conv3x3":  # (batch, channels, size)
+        x = b.input("x", (m, k, n, n))
+        b.output("y", b.conv2d(x, b.param("w", rng.standard_normal((k, k, 3, 3)) / np.sqrt(9 * k)), padding=(1, 1, 1, 1)))
+        return b.build(), {"x": rng.standard_normal((m, k, n, n)).astype(np.float32)}
     x = b.input("x", (m, k))
     if epi == "plain":
         y = b.matmul(x, b.param("w", rng.standard_normal((k, n)) / np.sqrt(k)))
@@ -91,8 +96,11 @@ def _torch_gemm(x, params, epi):
     f = torch.nn.functional
     x = torch.tensor(x, device="cuda")
     w = torch.tensor(params["w"], dtype=torch.float32, device="cuda")
+    torch.backends.cudnn.allow_tf32 = False
     if epi == "plain":
         return lambda: x @ w
+    if epi == "conv3x3":
+        return lambda: f.conv2d(x, w, padding=1)
     bias = torch.tensor(params["b"], dtype=torch.float32, device="cuda") if epi != "none" else None
     return (lambda: f.gelu(f.linear(x, w, bias))) if epi == "gelu" else (lambda: f.linear(x, w, bias))
 
@@ -128,7 +136,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     global GEMMS, ATTENTIONS, ITERS
     if args.smoke:
-        GEMMS, ATTENTIONS, ITERS = [(33, 40, 20, "gelu"), (20, 600, 30, "bias")], [(1, 2, 40, 300, 8)], 3
+        GEMMS, ATTENTIONS, ITERS = [(33, 40, 20, "gelu"), (20, 600, 30, "bias"), (1, 4, 6, "conv3x3")], [(1, 2, 40, 300, 8)], 3
     from meganeura.compiler import codegen, codegen_nn
     from meganeura.runtime.device import default_device
 
@@ -144,9 +152,11 @@ def main(argv=None):
     for m, k, n, epi in GEMMS:
         model, inputs = _gemm_model(m, k, n, epi)
         row = {"case": f"gemm {m}x{k}x{n} +{epi}", "plans": {}}
-        for name, plan in GEMM_PLANS.items():
+        big = epi == "conv3x3" or codegen.gemm_plan(m, n, k, 1)[0] == 128
+        for name, plan in list(GEMM_PLANS.items())[:None if big else 1]:  # the others differ only in 128-tiles
             codegen.GEMM_PLAN.update(plan)
             row["plans"][name] = _ours(device, model, inputs)
+        codegen.GEMM_PLAN.update(saved_g)
         if cuda:
             row["torch_us"] = _torch_us(_torch_gemm(inputs["x"], model.params, epi))
         print(json.dumps(row), flush=True)

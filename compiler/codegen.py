@@ -392,12 +392,47 @@ def _inner(tg: int) -> str:
 
 
 INNER = {tg: _inner(tg) for tg in (8, 16)}
-INNER128 = "\n".join(
-    f"        let a{kk}l = a_tile[{kk * 32}u + lid.y * 2u];\n        let a{kk}h = a_tile[{kk * 32}u + lid.y * 2u + 1u];\n"
-    f"        let b{kk}l = b_tile[{kk * 32}u + lid.x * 2u];\n        let b{kk}h = b_tile[{kk * 32}u + lid.x * 2u + 1u];\n"
-    + "\n".join(f"        acc{r}l = acc{r}l + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}l;\n"
-                f"        acc{r}h = acc{r}h + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}h;" for r in range(8))
-    for kk in range(8))
+def _inner128(bk: int) -> str:
+    """igemm128.wgsl's unrolled K step: BK rows of the tiles, 64 multiply-adds each."""
+    return "\n".join(
+        f"        let a{kk}l = a_tile[{kk * 32}u + lid.y * 2u];\n        let a{kk}h = a_tile[{kk * 32}u + lid.y * 2u + 1u];\n"
+        f"        let b{kk}l = b_tile[{kk * 32}u + lid.x * 2u];\n        let b{kk}h = b_tile[{kk * 32}u + lid.x * 2u + 1u];\n"
+        + "\n".join(f"        acc{r}l = acc{r}l + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}l;\n"
+                    f"        acc{r}h = acc{r}h + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}h;" for r in range(8))
+        for kk in range(bk))
+
+
+def _stage128(bk: int, k_contiguous) -> dict:
+    """igemm128.wgsl's staging: BK/8 vec4s of A and of B per thread, loaded into registers
+    (the next tile's while this one is multiplied, with GEMM_PLAN["prefetch"]) and stored
+    into the tiles after the barrier."""
+    index, load, store, out = [], [], [], {}
+    for op, contiguous in zip("ab", k_contiguous):
+        st = _staging(contiguous, "e", bk, 32)
+        out[f"{op.upper()}_ORDER"] = st["ORDER"]
+        for j in range(bk // 8):
+            e = f"(tid + {256 * j}u)"
+            index.append(f"    let {op}k{j} = {st['K'].replace('e', e, 1)};\n    let {op}g{j} = {st['G'].replace('e', e, 1)};")
+            if op == "a":
+                els = ", ".join(f"load_a(g, row0 + ag{j} * 4u + {i}u, KB + ak{j})" for i in range(4))
+            else:
+                els = ", ".join(f"load_b(g, KB + bk{j}, col0 + bg{j} * 4u + {i}u)" for i in range(4))
+            load.append(f"p{op}{j} = vec4<f32>({els});")
+            store.append(f"        {op}_tile[{op}k{j} * 32u + {op}g{j}] = p{op}{j};")
+    decl = "\n".join(f"    var {line.replace('KB', 'k0')}" for line in load)
+    if GEMM_PLAN["prefetch"]:
+        nxt = "\n".join(["        if (k0 + BK < k_end) {  // the next tile's loads run while this one is multiplied"]
+                        + [f"            {line.replace('KB', '(k0 + BK)')}" for line in load] + ["        }"])
+        first, store_tiles = decl, "\n".join(store)
+        note = "the next tile's global loads are issued before this tile's multiply-adds."
+    else:
+        nxt, first = "", "\n".join(f"    var {line.split(' = ')[0]}: vec4<f32>;" for line in load)
+        store_tiles = "\n".join([f"        {line.replace('KB', 'k0')}" for line in load] + store)
+        note = "each tile is loaded, then multiplied."
+    return dict(INDEX="\n".join(index), LOAD_FIRST=first, LOAD_NEXT=nxt, STORE_TILES=store_tiles,
+                STAGED=32 * bk, BK=bk, INNER_LOOP=_inner128(bk), PREFETCH_NOTE=note, **out)
+
+
 ACC128 = "\n".join(f"    var acc{r}{h} = vec4<f32>(0.0);" for r in range(8) for h in "lh")
 STORES128 = "\n".join(
     f"    store(g, slice, r + {r}u, c + {4 * (h == 'h') + i}u, acc{r}{h}.{comp});"
@@ -409,7 +444,8 @@ _temp_ids = iter(range(1 << 62))
 # give fewer than `fill` workgroups, a short K (<= `short_k`) takes 32-tiles (4x the
 # workgroups, each cheap), a long K keeps 64-tiles and is split into slices of at least
 # `slice_min`; either is split further until about `fill` workgroups run.
-GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True}
+GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
+             "big_bk": 8, "prefetch": False}
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int) -> tuple:
@@ -419,7 +455,7 @@ def gemm_plan(m: int, n: int, k: int, groups: int) -> tuple:
 
     fill = GEMM_PLAN["fill"]
     if tiles(128) >= 256:  # large tiles only when they still fill the GPU
-        return 128, 8, 1
+        return 128, GEMM_PLAN["big_bk"], 1
     if tiles(64) >= fill:
         return 64, 16, 1
     short = k <= GEMM_PLAN["short_k"]
@@ -458,12 +494,11 @@ def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, l
         decls = "\n".join(all_decls[:2]) + "\n@group(0) @binding(2) var<storage, read_write> partial: array<f32>;"
         st = f"    partial[((slice * {groups}u + g) * {m}u + m) * {n}u + n] = v;"
     common = render("igemm_common", BINDINGS=decls, STORE=st, **contract)
-    index, ks, per_k = ("tid", 8, 32) if big else ("e", 16, tile // 4)
-    order = {f"{op}_{key}": v for op, contiguous in zip("AB", k_contiguous)
-             for key, v in _staging(contiguous, index, ks, per_k).items()}
     if big:
-        wgsl = render("igemm128", COMMON=common, ACC_DECL=ACC128, INNER_LOOP=INNER128, STORES=STORES128, **order)
+        wgsl = render("igemm128", COMMON=common, ACC_DECL=ACC128, STORES=STORES128, **_stage128(bk, k_contiguous))
     else:
+        order = {f"{op}_{key}": v for op, contiguous in zip("AB", k_contiguous)
+                 for key, v in _staging(contiguous, "e", 16, tile // 4).items()}
         wgsl = render("igemm", COMMON=common, INNER_LOOP=INNER[tile // 4], TG=tile // 4, STAGED=4 * tile, **order)
     threads = (8, 8, 1) if tile == 32 else (16, 16, 1)
     code = KernelCode(wgsl, threads, slots, (-(-n // tile), -(-m // tile), groups * split), label)

@@ -5,9 +5,11 @@
 // NVIDIA). The operands are never materialised: load_a / load_b compute where each
 // element lives (a strided matrix for matmul; an im2col window for convolutions), and
 // store writes each result (where epilogues go). Edges are guarded: any M, N, K works.
+// K advances BK at a time; {{PREFETCH_NOTE}}
 {{COMMON}}
-var<workgroup> a_tile: array<vec4<f32>, 256>;  // [8 k][32 row groups of 4]
-var<workgroup> b_tile: array<vec4<f32>, 256>;  // [8 k][32 col groups of 4]
+const BK: u32 = {{BK}}u;
+var<workgroup> a_tile: array<vec4<f32>, {{STAGED}}>;  // [BK k][32 row groups of 4]
+var<workgroup> b_tile: array<vec4<f32>, {{STAGED}}>;  // [BK k][32 col groups of 4]
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -17,21 +19,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let row0 = wg.y * 128u;
     let col0 = wg.x * 128u;
     let tid = lid.y * 16u + lid.x;
-    // which threads share a k: {{A_ORDER}} for A, {{B_ORDER}} for B, so that a warp's loads
-    // walk the operand's contiguous dimension
-    let ak = {{A_K}};
-    let ag = {{A_G}};
-    let bk = {{B_K}};
-    let bg = {{B_G}};
+    // the tile entries (k, group of 4) this thread stages: {{A_ORDER}} for A, {{B_ORDER}} for B,
+    // so that a warp's loads walk the operand's contiguous dimension
+{{INDEX}}
 {{ACC_DECL}}
-    for (var k0 = slice * KS; k0 < k_end; k0 = k0 + 8u) {
-        let m = row0 + ag * 4u;
-        let ka = k0 + ak;
-        a_tile[ak * 32u + ag] = vec4<f32>(load_a(g, m, ka), load_a(g, m + 1u, ka), load_a(g, m + 2u, ka), load_a(g, m + 3u, ka));
-        let n = col0 + bg * 4u;
-        let kb = k0 + bk;
-        b_tile[bk * 32u + bg] = vec4<f32>(load_b(g, kb, n), load_b(g, kb, n + 1u), load_b(g, kb, n + 2u), load_b(g, kb, n + 3u));
+    var k0 = slice * KS;
+{{LOAD_FIRST}}
+    for (; k0 < k_end; k0 = k0 + BK) {
+{{STORE_TILES}}
         workgroupBarrier();
+{{LOAD_NEXT}}
 {{INNER_LOOP}}
         workgroupBarrier();
     }
