@@ -1,6 +1,6 @@
 """Where a package's load time goes on this device: Package.load (read + checks), then
 Session's phases (buffers, weight upload, pipelines, bind groups), per workload, with
-per-kernel pipeline times (made on LOAD_THREADS threads) and a second Session (the
+per-kernel pipeline times (made on LOAD_THREADS threads, beside the upload) and a second Session (the
 driver's shader cache warm). Random weights, no PyTorch.
 
     python bench/load_profile.py [--only NAME ...] [--threads N ...] [--out DIR]
@@ -23,16 +23,7 @@ def _timed(cls, names, acc):
         def g(*a, _f=f, _k=k, **kw):
             t = time.perf_counter()
             try:
-                out = _f(*a, **kw)
-                if _k == "_start_pipelines":  # time the wait for them too (after the upload)
-                    def finish(*fa, _finish=out, **fkw):
-                        t0 = time.perf_counter()
-                        try:
-                            return _finish(*fa, **fkw)
-                        finally:
-                            acc.setdefault("pipelines_wait", []).append(time.perf_counter() - t0)
-                    return finish
-                return out
+                return _f(*a, **kw)
             finally:
                 acc.setdefault(_k, []).append(time.perf_counter() - t)
                 if _k == "_pipeline":  # (self, index, kernel): which kernels the driver is slow on
@@ -53,7 +44,7 @@ def main(argv=None):
     from meganeura.runtime.device import default_device
 
     dev = default_device()
-    originals = {k: getattr(Session, k) for k in ("_allocate", "_write", "_start_pipelines", "_pipeline")}
+    originals = {k: getattr(Session, k) for k in ("_allocate", "_write", "_pipeline", "_bind_group")}
     rows = []
     for name, build, train in compile_times.workloads():
         if args.only and not any(o.lower() in name.lower() for o in args.only):
@@ -78,14 +69,14 @@ def main(argv=None):
                        "package_mb": pkg.raw_size / 2**20, "kernels": kernels,
                        "dispatches": sum(len(p) for p in s.programs.values()),
                        "package_load_s": t1 - t, "session_s": t2 - t1,
-                       **{f"{k.strip('_')}_s": sum(v) for k, v in acc.items() if k not in ("_pipeline", "kernels")},
+                       **{f"{k.strip('_')}_s": sum(v) for k, v in acc.items() if k not in ("_pipeline", "_bind_group", "kernels")},
+                       "bind_groups": len(acc.get("_bind_group", [])),
                        "pipeline_ms_median": 1e3 * per_kernel[len(per_kernel) // 2] if per_kernel else None,
                        "pipeline_ms_max": 1e3 * per_kernel[-1] if per_kernel else None,
                        "pipeline_ms_sum": 1e3 * sum(per_kernel),
                        "slowest_kernels": [(label, round(1e3 * dt, 1), size) for dt, label, size in
                                            sorted(acc.get("kernels", []), reverse=True)[:8]]}
-                row["rest_s"] = (row["session_s"] - row.get("allocate_s", 0) - row.get("write_s", 0)
-                                 - row.get("start_pipelines_s", 0) - row.get("pipelines_wait_s", 0))
+                row["rest_s"] = row["session_s"] - row.get("allocate_s", 0) - row.get("write_s", 0)  # waits for the threads
                 print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
                 rows.append(row)
                 s.close()

@@ -229,7 +229,8 @@ def _bind_strided(sched: Schedule, bind: _Bindings, i: int) -> tuple:
 # key ranges of at least this many keys when attention splits them (bench/gemm_policy.py,
 # H200: 257 tokens 61.9 us with 128, 40.7 with 32)
 # split keys until about `fill` workgroups run, when there are at least `min_keys`
-ATTENTION_PLAN = {"min_split_keys": 32, "fill": 256, "min_keys": 256}
+# (bench/gemm_policy.py on the H200: 1,500 tokens 364 -> 301 us, SmolVLA's 163 keys 57 -> 32)
+ATTENTION_PLAN = {"min_split_keys": 32, "fill": 1024, "min_keys": 64}
 
 
 def attention(sched: Schedule, k: Kernel) -> KernelCode:

@@ -40,7 +40,7 @@ class Session:
         if not isinstance(package, Package):
             raise TypeError("Session(device, package): package is a Package or a path to a .mnpk file")
         self.package = pkg = package
-        self.device = dev = device if device is not None else default_device()
+        self.device = device if device is not None else default_device()
         self._wgpu = wgpu
         self.lost = self.closed = False
         self._device_class_arg, self.memory_limit = device_class, memory_limit
@@ -55,36 +55,39 @@ class Session:
         chosen = [d.get("variants", {}).get(self.device_class, d) for p in m["programs"].values()
                   for d in p["dispatches"]]
         used = {c["kernel"] for c in chosen}
-        # the driver compiles pipelines on threads while this one uploads the weights
-        pipelines = self._start_pipelines([(i, k) for i, k in enumerate(m["kernels"]) if i in used])
+        # the driver compiles pipelines, and makes bind groups, on threads while this one
+        # uploads the weights
+        todo = [(i, k) for i, k in enumerate(m["kernels"]) if i in used]
+        for i, k in todo:
+            self._layout(k)  # shared by kernels: made here, not in the threads
+        pipelines = _in_background({i: (self._pipeline, i, k) for i, k in todo})
+        groups = None
         try:
             self.buffers = self._allocate(m["buffers"])
+            binds = {}  # (layout, buffers) -> first dispatch using it: pooled scratch makes many alike
+            for name, p in m["programs"].items():
+                for j, d in enumerate(p["dispatches"]):
+                    d = {**d, **d.get("variants", {}).get(self.device_class, {})}
+                    key = (tuple(m["kernels"][d["kernel"]]["access"]), tuple(d["buffers"]))
+                    binds.setdefault(key, (self._bind_group, name, j, *key))
+            groups = _in_background(binds)
             with self._gpu("uploading the weights"):
                 for t in self.tensors:
                     if t["role"] in ("param", "state", "constant") and t["init"] == "blob":
                         self._write(t, pkg.weights[t["name"]])
         except BaseException:
-            pipelines(quiet=True)  # no thread outlives the constructor; the upload's error is the one to see
+            for pending in (pipelines, groups):  # no thread outlives the constructor; the upload's error is the one to see
+                if pending is not None:
+                    pending(quiet=True)
             raise
-        self.kernels = pipelines()
+        self.kernels, groups = pipelines(), groups()
         self.programs = {}
-        groups = {}  # (layout, buffers) -> bind group: pooled scratch makes many dispatches bind alike
         for name, p in m["programs"].items():
             steps = []
-            for j, d in enumerate(p["dispatches"]):
+            for d in p["dispatches"]:
                 d = {**d, **d.get("variants", {}).get(self.device_class, {})}
-                pipeline, layout = self.kernels[d["kernel"]]
-                key = (id(layout), tuple(d["buffers"]))
-                group = groups.get(key)
-                if group is None:
-                    entries = [{"binding": b, "resource": {"buffer": self.buffers[bi], "offset": 0,
-                                                           "size": self.buffers[bi].size}}
-                               for b, bi in enumerate(d["buffers"])]
-                    try:
-                        group = groups[key] = dev.create_bind_group(layout=layout, entries=entries)
-                    except wgpu.GPUValidationError as exc:
-                        self._raise_if_lost(exc, "loading the package")
-                        raise PackageError(f"program {name} dispatch {j}: {exc}") from None
+                pipeline, _ = self.kernels[d["kernel"]]
+                group = groups[(tuple(m["kernels"][d["kernel"]]["access"]), tuple(d["buffers"]))]
                 steps.append((pipeline, group, tuple(d["workgroups"]),
                               getattr(pipeline, "_internal", None), getattr(group, "_internal", None)))
             self.programs[name] = steps
@@ -195,31 +198,14 @@ class Session:
     def __exit__(self, *exc):
         self.close()
 
-    def _start_pipelines(self, todo):
-        """Start making kernel index -> (pipeline, bind group layout) on threads; returns the
-        call that waits for them. Drivers compile pipelines on the calling thread and allow
-        several at once (NVIDIA: ~15 ms each, cold; lavapipe, 2 cores: DINOv2's 118 kernels
-        0.40 -> 0.20 s on threads). Any error is redone one by one, so that the message names
-        the right kernel."""
-        for i, k in todo:
-            self._layout(k)  # shared by kernels: made here, not in the threads
-        workers = min(LOAD_THREADS, os.cpu_count() or 1)
-        if workers <= 1 or len(todo) <= 8:
-            return lambda quiet=False: {} if quiet else {i: self._pipeline(i, k) for i, k in todo}
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(workers, thread_name_prefix="meganeura-load")
-        futures = [pool.submit(self._pipeline, i, k) for i, k in todo]
-
-        def finish(quiet=False):
-            pool.shutdown(wait=True)
-            if quiet:
-                return {}
-            try:
-                return {i: f.result() for (i, _), f in zip(todo, futures)}
-            except (PackageError, DeviceLostError, self._wgpu.GPUValidationError):
-                return {i: self._pipeline(i, k) for i, k in todo}
-        return finish
+    def _bind_group(self, program, j, access, buffers):
+        entries = [{"binding": b, "resource": {"buffer": self.buffers[bi], "offset": 0, "size": self.buffers[bi].size}}
+                   for b, bi in enumerate(buffers)]
+        try:
+            return self.device.create_bind_group(layout=self._layouts[access][0], entries=entries)
+        except self._wgpu.GPUValidationError as exc:
+            self._raise_if_lost(exc, "loading the package")
+            raise PackageError(f"program {program} dispatch {j}: {exc}") from None
 
     def _layout(self, k):
         wgpu = self._wgpu
@@ -443,6 +429,33 @@ class Session:
         with self._gpu("loading weights"):
             for t, v in checked.values():  # all checked first: a bad file changes nothing
                 self._write(t, v)
+
+
+def _in_background(calls: dict):
+    """Start key -> (fn, *args) calls on up to LOAD_THREADS threads; returns finish(quiet=False)
+    -> key -> result, which waits for them. Drivers compile pipelines on the calling thread
+    and allow several at once (NVIDIA: ~15 ms each, cold; lavapipe, 2 cores: DINOv2's 118
+    kernels 0.40 -> 0.20 s on threads). After any error the calls are redone one by one, so
+    that the error raised is the first one's."""
+    def in_order():
+        return {key: fn(*args) for key, (fn, *args) in calls.items()}
+    workers = min(LOAD_THREADS, os.cpu_count() or 1)
+    if workers <= 1 or len(calls) <= 8:
+        return lambda quiet=False: {} if quiet else in_order()
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="meganeura-load")
+    futures = {key: pool.submit(fn, *args) for key, (fn, *args) in calls.items()}
+
+    def finish(quiet=False):
+        pool.shutdown(wait=True)
+        if quiet:
+            return {}
+        try:
+            return {key: f.result() for key, f in futures.items()}
+        except Exception:  # noqa: BLE001  (the same calls again, in order, raise the first error)
+            return in_order()
+    return finish
 
 
 def _raw_calls():

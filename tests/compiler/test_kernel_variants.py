@@ -25,7 +25,7 @@ CASES = {  # (a shape, b shape, trans_a, trans_b): edges, batches, split-K, the 
 def test_gemm_plans_by_shape():
     from meganeura.compiler.codegen import gemm_plan
 
-    assert gemm_plan(4096, 4096, 4096, 1) == (128, 8, 1)
+    assert gemm_plan(4096, 4096, 4096, 1) == (128, 16, 1)
     assert gemm_plan(1040, 1040, 40, 1) == (64, 16, 1)
     assert gemm_plan(720, 720, 40, 1) == (32, 16, 1)
     assert gemm_plan(257, 384, 384, 1) == (32, 16, 3)  # 64-tiles: 30 workgroups on 132 SMs
