@@ -24,11 +24,10 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
 ]
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
 _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True}
-GEMM_PLANS = {  # codegen.GEMM_PLAN settings; the first is the default. 128-tiles only differ in the last two keys
-    "F, 128-tiles BK 8": {**_F, "big_bk": 8, "prefetch": False},
-    "F, 128-tiles BK 16": {**_F, "big_bk": 16, "prefetch": False},
-    "F, 128-tiles BK 8 + prefetch": {**_F, "big_bk": 8, "prefetch": True},
-    "F, 128-tiles BK 16 + prefetch": {**_F, "big_bk": 16, "prefetch": True},
+GEMM_PLANS = {  # codegen.GEMM_PLAN settings; the first is the default. 128-tiles only differ in the last keys
+    "F, 128-tiles BK 16 + prefetch + 16-byte loads": {**_F, "big_bk": 16, "prefetch": True, "vec4_loads": True},
+    "F, 128-tiles BK 16 + prefetch, scalar loads": {**_F, "big_bk": 16, "prefetch": True, "vec4_loads": False},
+    "F, 128-tiles BK 8 + prefetch + 16-byte loads": {**_F, "big_bk": 8, "prefetch": True, "vec4_loads": True},
 }
 ITERS = 100
 ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 256},

@@ -402,22 +402,39 @@ def _inner128(bk: int) -> str:
         for kk in range(bk))
 
 
-def _stage128(bk: int, k_contiguous) -> dict:
+def _stage128(bk: int, k_contiguous, vec4=(None, None)) -> dict:
     """igemm128.wgsl's staging: BK/8 vec4s of A and of B per thread, loaded into registers
     (the next tile's while this one is multiplied, with GEMM_PLAN["prefetch"]) and stored
-    into the tiles after the barrier."""
+    into the tiles after the barrier. `vec4[i]`: operand i is read 16 bytes at a time
+    through load_a4 / load_b4, along its rows or columns ("group": the 4 values a tile
+    entry holds) or along K ("k": 4 entries' same component, stored one by one)."""
     index, load, store, out = [], [], [], {}
-    for op, contiguous in zip("ab", k_contiguous):
-        st = _staging(contiguous, "e", bk, 32)
+    for op, contiguous, mode in zip("ab", k_contiguous, vec4):
+        if mode == "k":
+            out[f"{op.upper()}_ORDER"] = "4 k of one row at a time"
+            quads = bk // 4
+            for j in range(bk // 8):
+                e = f"(tid + {256 * j}u)"
+                index.append(f"    let {op}q{j} = {e} % {quads}u;\n    let {op}r{j} = {e} / {quads}u;")
+                at = (f"row0 + ar{j}, KB + aq{j} * 4u" if op == "a" else f"KB + bq{j} * 4u, col0 + br{j}")
+                load.append(f"p{op}{j} = load_{op}4(g, {at});")
+                store.append("\n".join(f"        {op}_tile[({op}q{j} * 4u + {c}u) * 32u + {op}r{j} / 4u][{op}r{j} % 4u] = "
+                                       f"p{op}{j}.{comp};" for c, comp in enumerate("xyzw")))
+            continue
+        st = _staging(contiguous and mode is None, "e", bk, 32)
         out[f"{op.upper()}_ORDER"] = st["ORDER"]
         for j in range(bk // 8):
             e = f"(tid + {256 * j}u)"
             index.append(f"    let {op}k{j} = {st['K'].replace('e', e, 1)};\n    let {op}g{j} = {st['G'].replace('e', e, 1)};")
-            if op == "a":
+            if mode == "group":
+                at = f"row0 + ag{j} * 4u, KB + ak{j}" if op == "a" else f"KB + bk{j}, col0 + bg{j} * 4u"
+                load.append(f"p{op}{j} = load_{op}4(g, {at});")
+            elif op == "a":
                 els = ", ".join(f"load_a(g, row0 + ag{j} * 4u + {i}u, KB + ak{j})" for i in range(4))
+                load.append(f"p{op}{j} = vec4<f32>({els});")
             else:
                 els = ", ".join(f"load_b(g, KB + bk{j}, col0 + bg{j} * 4u + {i}u)" for i in range(4))
-            load.append(f"p{op}{j} = vec4<f32>({els});")
+                load.append(f"p{op}{j} = vec4<f32>({els});")
             store.append(f"        {op}_tile[{op}k{j} * 32u + {op}g{j}] = p{op}{j};")
     decl = "\n".join(f"    var {line.replace('KB', 'k0')}" for line in load)
     if GEMM_PLAN["prefetch"]:
@@ -445,7 +462,8 @@ _temp_ids = iter(range(1 << 62))
 # workgroups, each cheap), a long K keeps 64-tiles and is split into slices of at least
 # `slice_min`; either is split further until about `fill` workgroups run.
 GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
-             "big_bk": 16, "prefetch": True}  # 128-tiles: 4096^3 5.44 -> 4.42 ms with both (bench/REJECTED.md)
+             "big_bk": 16, "prefetch": True,  # 128-tiles: 4096^3 5.44 -> 4.42 ms with both (bench/REJECTED.md)
+             "vec4_loads": True}
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int) -> tuple:
@@ -473,12 +491,20 @@ def _staging(k_contiguous: bool, index: str, ks: int, groups: int) -> dict:
     return {"K": f"{index} / {groups}u", "G": f"{index} % {groups}u", "ORDER": "rows/columns fastest"}
 
 
+def _vec4_loader(op: str, body: str) -> str:
+    args, guard = ("m: u32, k: u32", "m >= M || k >= K") if op == "a" else ("k: u32, n: u32", "k >= K || n >= N")
+    return (f"\n\nfn load_{op}4(g: u32, {args}) -> vec4<f32> {{\n    if ({guard}) {{\n        return vec4<f32>(0.0);\n"
+            f"    }}\n{body}\n}}\n")
+
+
 def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, load_b: str, store: str,
-          label: str, names=("a", "b", "c"), prelude: str = "", k_contiguous=(False, False)):
+          label: str, names=("a", "b", "c"), prelude: str = "", k_contiguous=(False, False), vec4=(None, None)):
     """Implicit-GEMM kernel(s) from WGSL bodies of load_a(g, m, k), load_b(g, k, n) and
     store(g, m, n, v). Returns one KernelCode, or two with split-K (partials + sum).
     Bindings from the third on belong to store() (the output, and an epilogue's inputs).
-    `k_contiguous`: whether A and B are laid out along K in memory (how to stage them)."""
+    `k_contiguous`: whether A and B are laid out along K in memory (how to stage them).
+    `vec4`: per operand None, or (mode, body of load_a4(g, m, k) / load_b4(g, k, n) -> vec4,
+    reading a binding declared array<vec4<f32>>) for the 128-tile kernel (see _stage128)."""
     tile, bk, split = gemm_plan(m, n, k, groups)
     big = tile == 128
     ks = -(-(-(-k // split)) // bk) * bk  # slice length, a multiple of the K step
@@ -495,7 +521,18 @@ def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, l
         st = f"    partial[((slice * {groups}u + g) * {m}u + m) * {n}u + n] = v;"
     common = render("igemm_common", BINDINGS=decls, STORE=st, **contract)
     if big:
-        wgsl = render("igemm128", COMMON=common, ACC_DECL=ACC128, STORES=STORES128, **_stage128(bk, k_contiguous))
+        modes = [v[0] if v and GEMM_PLAN["vec4_loads"] else None for v in vec4]
+        common4 = common
+        if any(modes):  # the vec4 operands' bindings change type: their scalar loaders go
+            decls4, contract4 = decls, dict(contract)
+            for op, mode in zip("ab", modes):
+                if mode:
+                    decls4 = decls4.replace(f"var<storage, read> {op}: array<f32>", f"var<storage, read> {op}: array<vec4<f32>>")
+                    contract4[f"LOAD_{op.upper()}"] = f"    return 0.0;  // read through load_{op}4"
+            common4 = render("igemm_common", BINDINGS=decls4, STORE=st, **contract4) + "".join(
+                _vec4_loader(op, v[1]) for op, mode, v in zip("ab", modes, vec4) if mode)
+        wgsl = render("igemm128", COMMON=common4, ACC_DECL=ACC128, STORES=STORES128,
+                      **_stage128(bk, k_contiguous, modes))
     else:
         order = {f"{op}_{key}": v for op, contiguous in zip("AB", k_contiguous)
                  for key, v in _staging(contiguous, "e", 16, tile // 4).items()}
@@ -565,8 +602,21 @@ def _matmul(sched: Schedule, k: Kernel) -> KernelCode:
         store = f"    c[g * {m_ * n_}u + m * {n_}u + n] = v;"
         names = ["a", "b", "c"]
     batches = int(np.prod(batch_shape, dtype=np.int64))
+    # 16-byte loads where a tile entry's 4 values (or 4 consecutive k) are contiguous and
+    # aligned: every row and batch offset is then a multiple of 4
+    vec4 = [None, None]
+    off_a = _batch_offset(batch_shape, a.shape, "off")
+    off_b = _batch_offset(batch_shape, b.shape, "off")
+    if sam == 1 and m_ % 4 == 0 and k_ > 0:
+        vec4[0] = ("group", off_a + f"\n    return a[(off + m + k * {sak}u) / 4u];")
+    elif sak == 1 and k_ % 4 == 0:
+        vec4[0] = ("k", off_a + f"\n    return a[(off + m * {sam}u + k) / 4u];")
+    if sbn == 1 and n_ % 4 == 0 and k_ > 0:
+        vec4[1] = ("group", off_b + f"\n    return b[(off + k * {sbk}u + n) / 4u];")
+    elif sbk == 1 and k_ % 4 == 0:
+        vec4[1] = ("k", off_b + f"\n    return b[(off + k + n * {sbn}u) / 4u];")
     codes = igemm(bind, m_, n_, k_, batches, load_a, load_b, store, label, names, prelude,
-                  k_contiguous=(sak == 1, sbk == 1))
+                  k_contiguous=(sak == 1, sbk == 1), vec4=tuple(vec4))
     if sak == 1 and sbk == 1 and k_ % 4 == 0:  # both along K in memory: the CPU's dot-product kernel
         first = codes[0] if isinstance(codes, list) else codes
         decls = first.gemm_decls
