@@ -463,17 +463,18 @@ _temp_ids = iter(range(1 << 62))
 # `slice_min`; either is split further until about `fill` workgroups run.
 GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
              "big_bk": 16, "prefetch": True,  # 128-tiles: 4096^3 5.44 -> 4.42 ms with both (bench/REJECTED.md)
-             "vec4_loads": True}
+             "vec4_loads": True, "big_bk_conv": 8}  # convolutions' im2col loads: 284 us with 8, 307 with 16
 
 
-def gemm_plan(m: int, n: int, k: int, groups: int) -> tuple:
-    """(tile, K step, split-K slices) for an M x N x K GEMM repeated `groups` times."""
+def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
+    """(tile, K step, split-K slices) for an M x N x K GEMM repeated `groups` times (`conv`:
+    an implicit GEMM whose loads compute im2col windows)."""
     def tiles(t):
         return -(-m // t) * -(-n // t) * groups
 
     fill = GEMM_PLAN["fill"]
     if tiles(128) >= 256:  # large tiles only when they still fill the GPU
-        return 128, GEMM_PLAN["big_bk"], 1
+        return 128, GEMM_PLAN["big_bk_conv" if conv else "big_bk"], 1
     if tiles(64) >= fill:
         return 64, 16, 1
     short = k <= GEMM_PLAN["short_k"]
@@ -498,14 +499,16 @@ def _vec4_loader(op: str, body: str) -> str:
 
 
 def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, load_b: str, store: str,
-          label: str, names=("a", "b", "c"), prelude: str = "", k_contiguous=(False, False), vec4=(None, None)):
+          label: str, names=("a", "b", "c"), prelude: str = "", k_contiguous=(False, False), vec4=(None, None),
+          conv: bool = False):
     """Implicit-GEMM kernel(s) from WGSL bodies of load_a(g, m, k), load_b(g, k, n) and
     store(g, m, n, v). Returns one KernelCode, or two with split-K (partials + sum).
     Bindings from the third on belong to store() (the output, and an epilogue's inputs).
     `k_contiguous`: whether A and B are laid out along K in memory (how to stage them).
     `vec4`: per operand None, or (mode, body of load_a4(g, m, k) / load_b4(g, k, n) -> vec4,
-    reading a binding declared array<vec4<f32>>) for the 128-tile kernel (see _stage128)."""
-    tile, bk, split = gemm_plan(m, n, k, groups)
+    reading a binding declared array<vec4<f32>>) for the 128-tile kernel (see _stage128).
+    `conv`: the loads compute im2col windows (the plan steps K differently)."""
+    tile, bk, split = gemm_plan(m, n, k, groups, conv)
     big = tile == 128
     ks = -(-(-(-k // split)) // bk) * bk  # slice length, a multiple of the K step
     split = -(-k // ks)

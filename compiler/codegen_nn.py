@@ -53,7 +53,7 @@ def conv(sched: Schedule, k: Kernel) -> KernelCode:
         store = "\n".join([_split("n", ["nb", "pix"], [nb, ho * wo]),
                            f"    c[(nb * {o}u + g * {og}u + m) * {ho * wo}u + pix] = v;"])
         return igemm(bind, og, nb * ho * wo, kk, groups, load_a, load_b, store, "conv2d",
-                     k_contiguous=(True, False))  # weights [O, C/g * kh * kw]; pixels along N
+                     k_contiguous=(True, False), conv=True)  # weights [O, C/g * kh * kw]; pixels along N
     if n.op == "conv_transpose2d":
         x, w = a.shape, b.shape  # x [N, Cin, H, W], w [Cin, Cout/g, kh, kw]
         nb, cin, h, wd = x
@@ -75,7 +75,7 @@ def conv(sched: Schedule, k: Kernel) -> KernelCode:
             f"    return a[((nb * {cin}u + g * {cg}u + ci) * {h}u + u32(iy)) * {wd}u + u32(ix)];"])
         store = "\n".join([_split("n", ["nb", "pix"], [nb, ho * wo]),
                            f"    c[(nb * {cout}u + g * {og}u + m) * {ho * wo}u + pix] = v;"])
-        return igemm(bind, og, nb * ho * wo, kk, groups, load_a, load_b, store, "conv_transpose2d")
+        return igemm(bind, og, nb * ho * wo, kk, groups, load_a, load_b, store, "conv_transpose2d", conv=True)
     # conv2d_weight_grad(x, gy) -> [O, C/g, kh, kw]
     x, gy = a.shape, b.shape
     nb, c, h, wd = x
@@ -92,7 +92,7 @@ def conv(sched: Schedule, k: Kernel) -> KernelCode:
         f"    return a[((nb * {c}u + g * {cg}u + ci) * {h}u + u32(iy)) * {wd}u + u32(ix)];"])
     store = f"    c[(g * {og}u + m) * {cg * kh * kw}u + n] = v;"
     return igemm(bind, og, cg * kh * kw, nb * ho * wo, groups, load_a, load_b, store, "conv2d_weight_grad",
-                 k_contiguous=(True, True))  # K walks pixels in both operands
+                 k_contiguous=(True, True), conv=True)  # K walks pixels in both operands
 
 
 def _map_kernel(bind, total, body, label):
