@@ -463,7 +463,7 @@ _temp_ids = iter(range(1 << 62))
 # `slice_min`; either is split further until about `fill` workgroups run.
 GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
              "big_bk": 16, "prefetch": True,  # 128-tiles: 4096^3 5.44 -> 4.42 ms with both (bench/REJECTED.md)
-             "vec4_loads": True, "big_bk_conv": 8}  # convolutions' im2col loads: 284 us with 8, 307 with 16
+             "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}  # convolutions' im2col loads: 284 us with 8, 307 with 16
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
@@ -490,6 +490,48 @@ def _staging(k_contiguous: bool, index: str, ks: int, groups: int) -> dict:
     if k_contiguous and GEMM_PLAN["k_fastest_staging"]:
         return {"K": f"{index} % {ks}u", "G": f"{index} / {ks}u", "ORDER": "k fastest"}
     return {"K": f"{index} / {groups}u", "G": f"{index} % {groups}u", "ORDER": "rows/columns fastest"}
+
+
+def _vec4_common(common, decls, st, contract, modes, vec4) -> str:
+    """igemm_common with the vec4 operands' bindings retyped array<vec4<f32>>, their scalar
+    loaders stubbed out and load_a4 / load_b4 added."""
+    if not any(modes):
+        return common
+    decls4, contract4 = decls, dict(contract)
+    for op, mode in zip("ab", modes):
+        if mode:
+            decls4 = decls4.replace(f"var<storage, read> {op}: array<f32>", f"var<storage, read> {op}: array<vec4<f32>>")
+            contract4[f"LOAD_{op.upper()}"] = f"    return 0.0;  // read through load_{op}4"
+    return render("igemm_common", BINDINGS=decls4, STORE=st, **contract4) + "".join(
+        _vec4_loader(op, v[1]) for op, mode, v in zip("ab", modes, vec4) if mode)
+
+
+def _stage_small(tg: int, k_contiguous, modes) -> dict:
+    """igemm.wgsl's staging statements for tile entry `e` of A and of B (see _stage128)."""
+    out = {}
+    for op, contiguous, mode in zip("ab", k_contiguous, modes):
+        i = 8 * " "
+        if mode == "k":  # entry e: row e / 4, k quad e % 4
+            at = "row0 + e / 4u, k0 + (e % 4u) * 4u" if op == "a" else "k0 + (e % 4u) * 4u, col0 + e / 4u"
+            lines = [f"{i}    let v{op} = load_{op}4(g, {at});"] + [
+                f"{i}    {op}_tile[((e % 4u) * 4u + {c}u) * TG + e / 16u][(e / 4u) % 4u] = v{op}.{comp};"
+                for c, comp in enumerate("xyzw")]
+            out[f"{op.upper()}_ORDER"] = "4 k of one row at a time"
+        else:
+            st = _staging(contiguous and mode is None, "e", 16, tg)
+            out[f"{op.upper()}_ORDER"] = st["ORDER"]
+            lines = [f"{i}    let {op}k = {st['K']};", f"{i}    let {op}g = {st['G']};"]
+            if mode == "group":
+                at = "row0 + ag * 4u, k0 + ak" if op == "a" else "k0 + bk, col0 + bg * 4u"
+                lines.append(f"{i}    {op}_tile[{op}k * TG + {op}g] = load_{op}4(g, {at});")
+            elif op == "a":
+                lines.append(f"{i}    a_tile[ak * TG + ag] = vec4<f32>(" + ", ".join(
+                    f"load_a(g, row0 + ag * 4u + {c}u, k0 + ak)" for c in range(4)) + ");")
+            else:
+                lines.append(f"{i}    b_tile[bk * TG + bg] = vec4<f32>(" + ", ".join(
+                    f"load_b(g, k0 + bk, col0 + bg * 4u + {c}u)" for c in range(4)) + ");")
+        out[f"STAGE_{op.upper()}"] = "\n".join(lines)
+    return out
 
 
 def _vec4_loader(op: str, body: str) -> str:
@@ -525,21 +567,12 @@ def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, l
     common = render("igemm_common", BINDINGS=decls, STORE=st, **contract)
     if big:
         modes = [v[0] if v and GEMM_PLAN["vec4_loads"] else None for v in vec4]
-        common4 = common
-        if any(modes):  # the vec4 operands' bindings change type: their scalar loaders go
-            decls4, contract4 = decls, dict(contract)
-            for op, mode in zip("ab", modes):
-                if mode:
-                    decls4 = decls4.replace(f"var<storage, read> {op}: array<f32>", f"var<storage, read> {op}: array<vec4<f32>>")
-                    contract4[f"LOAD_{op.upper()}"] = f"    return 0.0;  // read through load_{op}4"
-            common4 = render("igemm_common", BINDINGS=decls4, STORE=st, **contract4) + "".join(
-                _vec4_loader(op, v[1]) for op, mode, v in zip("ab", modes, vec4) if mode)
-        wgsl = render("igemm128", COMMON=common4, ACC_DECL=ACC128, STORES=STORES128,
-                      **_stage128(bk, k_contiguous, modes))
+        wgsl = render("igemm128", COMMON=_vec4_common(common, decls, st, contract, modes, vec4), ACC_DECL=ACC128,
+                      STORES=STORES128, **_stage128(bk, k_contiguous, modes))
     else:
-        order = {f"{op}_{key}": v for op, contiguous in zip("AB", k_contiguous)
-                 for key, v in _staging(contiguous, "e", 16, tile // 4).items()}
-        wgsl = render("igemm", COMMON=common, INNER_LOOP=INNER[tile // 4], TG=tile // 4, STAGED=4 * tile, **order)
+        modes = [v[0] if v and GEMM_PLAN["vec4_loads"] and GEMM_PLAN["vec4_small_tiles"] else None for v in vec4]
+        wgsl = render("igemm", COMMON=_vec4_common(common, decls, st, contract, modes, vec4),
+                      INNER_LOOP=INNER[tile // 4], TG=tile // 4, STAGED=4 * tile, **_stage_small(tile // 4, k_contiguous, modes))
     threads = (8, 8, 1) if tile == 32 else (16, 16, 1)
     code = KernelCode(wgsl, threads, slots, (-(-n // tile), -(-m // tile), groups * split), label)
     code.gemm_decls, code.gemm_store = decls, st  # for variants with other main loops

@@ -24,20 +24,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
     for (var k0 = slice * KS; k0 < k_end; k0 = k0 + 16u) {
-        // each thread stages vec4s of A (4 rows at one k) and of B (4 cols at one k)
-        // (which threads share a k: {{A_ORDER}} for A, {{B_ORDER}} for B, so that a warp's loads
-        // walk the operand's contiguous dimension)
+        // each thread stages vec4s of A (4 rows at one k, or 4 k of one row) and of B
+        // ({{A_ORDER}} for A, {{B_ORDER}} for B, so that a warp's loads walk the operand's
+        // contiguous dimension)
         for (var e = tid; e < 16u * TG; e = e + TG * TG) {
-            let ak = {{A_K}};
-            let ag = {{A_G}};
-            let m = row0 + ag * 4u;
-            a_tile[ak * TG + ag] = vec4<f32>(load_a(g, m, k0 + ak), load_a(g, m + 1u, k0 + ak),
-                                             load_a(g, m + 2u, k0 + ak), load_a(g, m + 3u, k0 + ak));
-            let bk = {{B_K}};
-            let bg = {{B_G}};
-            let n = col0 + bg * 4u;
-            b_tile[bk * TG + bg] = vec4<f32>(load_b(g, k0 + bk, n), load_b(g, k0 + bk, n + 1u),
-                                             load_b(g, k0 + bk, n + 2u), load_b(g, k0 + bk, n + 3u));
+{{STAGE_A}}
+{{STAGE_B}}
         }
         workgroupBarrier();
 {{INNER_LOOP}}

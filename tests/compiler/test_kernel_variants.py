@@ -18,6 +18,7 @@ CASES = {  # (a shape, b shape, trans_a, trans_b): edges, batches, split-K, the 
     "tiles_of_64_k_contiguous": ((1040, 41), (1030, 41), False, True),
     "tiles_of_128_k_contiguous": ((2050, 12), (2049, 12), False, True),
     "tiles_of_128_transposed": ((12, 2050), (12, 2049), True, False),
+    "small_tiles_vec4_rows": ((48, 36), (48, 20), True, False),  # 16-byte loads along M and N
     "tiles_of_128_vec4_rows": ((12, 2048), (12, 2052), True, False),  # 16-byte loads along M and N
     "tiles_of_128_vec4_k_batched": ((3, 2048, 8), (8, 1024), False, False),  # along K (A), N (B)
     "tiles_of_32_split_k": ((33, 300), (300, 70), False, False),
