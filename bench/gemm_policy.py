@@ -24,10 +24,10 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
 ]
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
 _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True}
-GEMM_PLANS = {  # codegen.GEMM_PLAN settings; the first is the default. 128-tiles only differ in the last keys
-    "F, 128-tiles BK 16 + prefetch + 16-byte loads": {**_F, "big_bk": 16, "prefetch": True, "vec4_loads": True},
-    "F, 128-tiles BK 16 + prefetch, scalar loads": {**_F, "big_bk": 16, "prefetch": True, "vec4_loads": False},
-    "F, 128-tiles BK 8 + prefetch + 16-byte loads": {**_F, "big_bk": 8, "prefetch": True, "vec4_loads": True},
+_BIG = {"big_bk": 16, "prefetch": True, "vec4_loads": True, "big_bk_conv": 8}
+GEMM_PLANS = {  # codegen.GEMM_PLAN settings; the first is the default
+    "F, 16-byte loads in every tile size": {**_F, **_BIG, "vec4_small_tiles": True},
+    "F, 16-byte loads in 128-tiles only": {**_F, **_BIG, "vec4_small_tiles": False},
 }
 ITERS = 100
 ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 256},
@@ -151,8 +151,7 @@ def main(argv=None):
     for m, k, n, epi in GEMMS:
         model, inputs = _gemm_model(m, k, n, epi)
         row = {"case": f"gemm {m}x{k}x{n} +{epi}", "plans": {}}
-        big = epi == "conv3x3" or codegen.gemm_plan(m, n, k, 1)[0] == 128
-        for name, plan in list(GEMM_PLANS.items())[:None if big else 1]:  # the others differ only in 128-tiles
+        for name, plan in GEMM_PLANS.items():
             codegen.GEMM_PLAN.update(plan)
             row["plans"][name] = _ours(device, model, inputs)
         codegen.GEMM_PLAN.update(saved_g)
