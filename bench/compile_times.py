@@ -44,6 +44,7 @@ def main(argv=None):
     ap.add_argument("--no-reserve", action="store_true",
                     help="experiment: no early Reservation of the package bytes (pages touched at the end)")
     ap.add_argument("--populate-threads", type=int, help="experiment: threads that fault in the reserved pages")
+    ap.add_argument("--populate-step", type=int, help="experiment: MiB per madvise call faulting them in")
     ap.add_argument("--bench-workload", help="experiment: compile bench/run.py's workload NAME (its PyTorch twin "
                                              "held in this process, as the bench does), printing each stage")
     args = ap.parse_args(argv)
@@ -56,6 +57,8 @@ def main(argv=None):
         compile_module.estimated_package_bytes = lambda model: 0
     if args.populate_threads:
         blob.POPULATE_THREADS = args.populate_threads
+    if args.populate_step:
+        blob.POPULATE_STEP = args.populate_step << 20
 
     rows = []
     for name, build, train in workloads():

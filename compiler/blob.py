@@ -27,6 +27,7 @@ import numpy as np
 CHUNK = 16 << 20  # bytes per checksum chunk (a fixed part of the format: docs/PACKAGE.md)
 COPY = 64 << 20  # bytes per copy task
 POPULATE_THREADS = None  # threads faulting in a Reservation's pages (None: all cores but one, at most 7)
+POPULATE_STEP = 8 << 20  # bytes per madvise call (the compiler's own mmaps wait for each call)
 
 # A bytes object is immutable once shared; filling a fresh one before anyone else sees
 # it is how C code builds one (PyBytes_FromStringAndSize with NULL; _PyBytes_Resize, the
@@ -216,7 +217,7 @@ class Reservation:
             raise MemoryError(f"cannot reserve {size} bytes for the package")
         self.ptr = ctypes.c_void_p(ptr)
         addr = _bytes_address(self.ptr)
-        step = 8 << 20  # short calls: each holds the process's memory-map lock
+        step = POPULATE_STEP  # short calls: each holds the process's memory-map lock
         parts = [(addr + o, min(step, size - o)) for o in range(0, size, step)]
         self._thread = threading.Thread(target=_run_tasks, args=(
             [lambda a=a, n=n: _touch(a, n) for a, n in parts], POPULATE_THREADS or max(1, cpus() - 1)),
