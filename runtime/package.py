@@ -13,7 +13,6 @@ import os
 import struct
 import threading
 import zlib
-from pathlib import Path
 
 import msgpack
 import numpy as np
