@@ -52,13 +52,14 @@ class _Bindings:
 
     def __init__(self, graph, storage):
         self.g, self.storage, self.slots = graph, storage, []  # slots: [storage, access]
+        self.shared_from = 0  # slots below this are not shared by later use()s (a GEMM's loads)
 
     def st(self, i):
         return self.storage.get(i, i)
 
     def use(self, i, write=False, own=False) -> str:
         s = self.st(i)
-        found = [b for b, slot in enumerate(self.slots) if slot[0] == s]
+        found = [b for b, slot in enumerate(self.slots) if slot[0] == s and b >= self.shared_from]
         if found and not own:
             b = found[0]
         else:
@@ -542,10 +543,11 @@ def _vec4_loader(op: str, body: str) -> str:
 
 def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, load_b: str, store: str,
           label: str, names=("a", "b", "c"), prelude: str = "", k_contiguous=(False, False), vec4=(None, None),
-          conv: bool = False):
+          conv: bool = False, n_load: int = 2, load_prelude: bool = False):
     """Implicit-GEMM kernel(s) from WGSL bodies of load_a(g, m, k), load_b(g, k, n) and
     store(g, m, n, v). Returns one KernelCode, or two with split-K (partials + sum).
-    Bindings from the third on belong to store() (the output, and an epilogue's inputs).
+    The first `n_load` bindings belong to the loads (A and B, or what prologues computing
+    them read), the others to store() (the output, and an epilogue's inputs).
     `k_contiguous`: whether A and B are laid out along K in memory (how to stage them).
     `vec4`: per operand None, or (mode, body of load_a4(g, m, k) / load_b4(g, k, n) -> vec4,
     reading a binding declared array<vec4<f32>>) for the 128-tile kernel (see _stage128).
@@ -561,8 +563,9 @@ def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, l
         slots = bind.list()
     else:  # the GEMM kernel writes [slice, g, m, n] partials into a temp buffer
         temp = ("temp", next(_temp_ids))
-        slots = bind.list()[:2] + [(temp, "read_write")]
-        decls = "\n".join(all_decls[:2]) + "\n@group(0) @binding(2) var<storage, read_write> partial: array<f32>;"
+        slots = bind.list()[:n_load] + [(temp, "read_write")]
+        decls = (prelude if load_prelude else "") + "\n".join(all_decls[:n_load]) + \
+            f"\n@group(0) @binding({n_load}) var<storage, read_write> partial: array<f32>;"
         st = f"    partial[((slice * {groups}u + g) * {m}u + m) * {n}u + n] = v;"
     common = render("igemm_common", BINDINGS=decls, STORE=st, **contract)
     if big:
@@ -590,11 +593,22 @@ def igemm(bind: "_Bindings", m: int, n: int, k: int, groups: int, load_a: str, l
         store.replace("    ", "    ", 1)])
     # the sum kernel runs store(): it binds what store() reads and writes, after the partials
     decls2 = "\n".join(["@group(0) @binding(0) var<storage, read> partial: array<f32>;"] + [
-        line.replace(f"@binding({i + 2})", f"@binding({i + 1})") for i, line in enumerate(all_decls[2:])])
+        line.replace(f"@binding({i + n_load})", f"@binding({i + 1})") for i, line in enumerate(all_decls[n_load:])])
     wgsl2 = per_output(decls2, total, body.replace("    let idx = g *", "    let _i = g *"), prelude)
-    reduce = KernelCode(wgsl2, (WG, 1, 1), [(temp, "read")] + bind.list()[2:], grid(-(-total // WG)),
+    reduce = KernelCode(wgsl2, (WG, 1, 1), [(temp, "read")] + bind.list()[n_load:], grid(-(-total // WG)),
                         label + "/splitk-sum")
     return [code, reduce]
+
+
+def prologue_load(sched: Schedule, k: Kernel, x: int, at: str, bind: "_Bindings"):
+    """When the GEMM-like kernel `k` computes its input `x` in its loads (see
+    schedule._gemm_prologue): (WGSL returning x's element at flat index `at`, whether the
+    prelude's helpers are used); else None."""
+    if x not in k.members or x in k.roots or x == k.product:
+        return None
+    values = {}
+    coords, body, uses_prelude = ew_code(sched, _chain(sched.graph, x, k.members), [], bind, names=values)
+    return "\n".join([f"    let idx = {at};"] + coords + body + [f"    return f32({values[x]});"]), uses_prelude
 
 
 def _batch_offset(batch_shape, src_shape, var):
@@ -622,38 +636,58 @@ def _matmul(sched: Schedule, k: Kernel) -> KernelCode:
     sbk, sbn = (1, b.shape[-1]) if tb else (b.shape[-1], 1)
     batch_shape = n.shape[:-2]
     bind = _Bindings(g, sched.storage)
-    bind.use(base_of(g, n.inputs[0]), own=True)
-    bind.use(base_of(g, n.inputs[1]), own=True)
-    load_a = _batch_offset(batch_shape, a.shape, "off") + f"\n    return a[off + m * {sam}u + k * {sak}u];"
-    load_b = _batch_offset(batch_shape, b.shape, "off") + f"\n    return b[off + k * {sbk}u + n * {sbn}u];"
-    prelude, label = "", "matmul"
+    names, load_prelude = {}, False
+    loads = []
+    for op, i, (s_row, s_col) in (("a", n.inputs[0], ("m", "k")), ("b", n.inputs[1], ("k", "n"))):
+        x = base_of(g, i)
+        strides = (sam, sak) if op == "a" else (sbk, sbn)
+        at = f"off + {s_row} * {strides[0]}u + {s_col} * {strides[1]}u"
+        offset = _batch_offset(batch_shape, g.nodes[i].shape, "off")
+        prologue = prologue_load(sched, k, x, at, bind)
+        if prologue is None:
+            names[len(bind.slots)] = op
+            bind.use(x, own=True)
+            loads.append(offset + f"\n    return {op}[{at}];")
+        else:
+            loads.append(offset + "\n" + prologue[0])
+            load_prelude |= prologue[1]
+    load_a, load_b = loads
+    n_load = len(bind.slots)
+    bind.shared_from = n_load
+    label = "matmul" if n_load == 2 and set(names.values()) == {"a", "b"} else "matmul(prologue)"
     if k.epilogue:  # elementwise consumers computed in store(): the product never touches memory
         coords, body, uses_prelude = ew_code(sched, k.epilogue, k.roots, bind, given={r: "v"})
         store = "\n".join([f"    let idx = g * {m_ * n_}u + m * {n_}u + n;"] + coords + body)
-        names = ["a", "b"] + [f"t{i}" for i in range(2, len(bind.slots))]
-        prelude = template("prelude") + "\n" if uses_prelude else ""
-        label = "matmul+" + "+".join(sorted({g.nodes[e].op for e in k.epilogue}))
+        label += "+" + "+".join(sorted({g.nodes[e].op for e in k.epilogue}))
     else:
+        uses_prelude = False
+        names[len(bind.slots)] = "c"
         bind.use(r, write=True, own=True)
         store = f"    c[g * {m_ * n_}u + m * {n_}u + n] = v;"
-        names = ["a", "b", "c"]
+    names = [names.get(j, f"t{j}") for j in range(len(bind.slots))]
+    prelude = template("prelude") + "\n" if uses_prelude or load_prelude else ""
+    plain = names[:2] == ["a", "b"]
     batches = int(np.prod(batch_shape, dtype=np.int64))
     # 16-byte loads where a tile entry's 4 values (or 4 consecutive k) are contiguous and
     # aligned: every row and batch offset is then a multiple of 4
     vec4 = [None, None]
     off_a = _batch_offset(batch_shape, a.shape, "off")
     off_b = _batch_offset(batch_shape, b.shape, "off")
-    if sam == 1 and m_ % 4 == 0 and k_ > 0:
+    if "a" not in names:
+        pass  # computed by a prologue: nothing to read 16 bytes at a time
+    elif sam == 1 and m_ % 4 == 0 and k_ > 0:
         vec4[0] = ("group", off_a + f"\n    return a[(off + m + k * {sak}u) / 4u];")
     elif sak == 1 and k_ % 4 == 0:
         vec4[0] = ("k", off_a + f"\n    return a[(off + m * {sam}u + k) / 4u];")
-    if sbn == 1 and n_ % 4 == 0 and k_ > 0:
+    if "b" not in names:
+        pass
+    elif sbn == 1 and n_ % 4 == 0 and k_ > 0:
         vec4[1] = ("group", off_b + f"\n    return b[(off + k * {sbk}u + n) / 4u];")
     elif sbk == 1 and k_ % 4 == 0:
         vec4[1] = ("k", off_b + f"\n    return b[(off + k + n * {sbn}u) / 4u];")
     codes = igemm(bind, m_, n_, k_, batches, load_a, load_b, store, label, names, prelude,
-                  k_contiguous=(sak == 1, sbk == 1), vec4=tuple(vec4))
-    if sak == 1 and sbk == 1 and k_ % 4 == 0:  # both along K in memory: the CPU's dot-product kernel
+                  k_contiguous=(sak == 1, sbk == 1), vec4=tuple(vec4), n_load=n_load, load_prelude=load_prelude)
+    if plain and sak == 1 and sbk == 1 and k_ % 4 == 0:  # both along K in memory: the CPU's dot-product kernel
         first = codes[0] if isinstance(codes, list) else codes
         decls = first.gemm_decls
         decls = decls.replace("var<storage, read> a: array<f32>", "var<storage, read> a: array<vec4<f32>>")

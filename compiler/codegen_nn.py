@@ -12,7 +12,7 @@ from __future__ import annotations
 from .codegen import WG, KernelCode, _Bindings, _strides, _temp_ids, grid, igemm, per_output
 from .ops_nn import _conv_attrs, _pool_attrs
 from .schedule import Kernel, Schedule, base_of
-from .wgsl import render
+from .wgsl import render, template
 
 
 def _split(var, names, dims):
@@ -32,67 +32,91 @@ def conv(sched: Schedule, k: Kernel) -> KernelCode:
     n = g.nodes[r]
     a, b = (g.nodes[i] for i in n.inputs)
     s, p, d, groups = _conv_attrs(dict(n.attrs))
+    if n.op in ("conv2d", "conv2d_weight_grad"):
+        return _conv_with_input(sched, k, n, r, a, b, s, p, d, groups)
+    # conv_transpose2d(gy, w): the data gradient of a strided convolution
     bind = _Bindings(g, sched.storage)
     bind.use(base_of(g, n.inputs[0]), own=True)
     bind.use(base_of(g, n.inputs[1]), own=True)
     bind.use(r, write=True, own=True)
-    if n.op == "conv2d":
-        x, w = a.shape, b.shape  # x [N, C, H, W], w [O, C/g, kh, kw]
-        nb, c, h, wd = x
-        o, cg, kh, kw = w
+    x, w = a.shape, b.shape  # x [N, Cin, H, W], w [Cin, Cout/g, kh, kw]
+    nb, cin, h, wd = x
+    _, og, kh, kw = w
+    cg = cin // groups
+    ho, wo = n.shape[2], n.shape[3]
+    cout = og * groups
+    kk = cg * kh * kw
+    load_a = "\n".join([_split("k", ["ci", "r"], [cg, kh * kw]),
+                        f"    return b[((g * {cg}u + ci) * {og}u + m) * {kh * kw}u + r];"])
+    load_b = "\n".join([
+        _split("k", ["ci", "ky", "kx"], [cg, kh, kw]), _split("n", ["nb", "oy", "ox"], [nb, ho, wo]),
+        f"    let ty = i32(oy) + {p[0]} - i32(ky * {d[0]}u);",
+        f"    let tx = i32(ox) + {p[1]} - i32(kx * {d[1]}u);",
+        f"    if (ty < 0 || tx < 0 || ty % {s[0]} != 0 || tx % {s[1]} != 0) {{ return 0.0; }}",
+        f"    let iy = ty / {s[0]};",
+        f"    let ix = tx / {s[1]};",
+        f"    if (iy >= {h} || ix >= {wd}) {{ return 0.0; }}",
+        f"    return a[((nb * {cin}u + g * {cg}u + ci) * {h}u + u32(iy)) * {wd}u + u32(ix)];"])
+    store = "\n".join([_split("n", ["nb", "pix"], [nb, ho * wo]),
+                       f"    c[(nb * {cout}u + g * {og}u + m) * {ho * wo}u + pix] = v;"])
+    return igemm(bind, og, nb * ho * wo, kk, groups, load_a, load_b, store, "conv_transpose2d", conv=True)
+
+
+def _conv_with_input(sched, k, n, r, a, b, s, p, d, groups):
+    """conv2d and its weight gradient: implicit GEMMs whose im2col loads read the input x
+    (operand 0), or compute it when a prologue chain (a batch norm and its ReLU) was not
+    stored (schedule._gemm_prologue)."""
+    from .codegen import prologue_load
+
+    g = sched.graph
+    x, o_ = a.shape, b.shape
+    nb, c, h, wd = x
+    bind, names = _Bindings(g, sched.storage), {}
+    x_at = f"((nb * {c}u + g * {c // groups}u + ci) * {h}u + u32(iy)) * {wd}u + u32(ix)"
+    pro = prologue_load(sched, k, base_of(g, n.inputs[0]), x_at, bind)
+    if pro is None:
+        names[len(bind.slots)] = "a"
+        bind.use(base_of(g, n.inputs[0]), own=True)
+        read_x, prelude = f"    return a[{x_at}];", ""
+    else:
+        read_x, prelude = pro[0], (template("prelude") + "\n" if pro[1] else "")
+    names[len(bind.slots)] = "b"
+    bind.use(base_of(g, n.inputs[1]), own=True)
+    n_load = len(bind.slots)
+    bind.shared_from = n_load
+    names[len(bind.slots)] = "c"
+    bind.use(r, write=True, own=True)
+    names = [names.get(j, f"t{j}") for j in range(len(bind.slots))]
+    label = n.op if pro is None else n.op + "(prologue)"
+    window = [  # the input pixel an output pixel and a tap read (zero in the padding)
+        f"    let iy = i32(oy * {s[0]}u + ky * {d[0]}u) - {p[0]};",
+        f"    let ix = i32(ox * {s[1]}u + kx * {d[1]}u) - {p[1]};",
+        f"    if (iy < 0 || iy >= {h} || ix < 0 || ix >= {wd}) {{ return 0.0; }}", read_x]
+    if n.op == "conv2d":  # x [N, C, H, W], w [O, C/g, kh, kw]
+        o, cg, kh, kw = o_
         ho, wo = n.shape[2], n.shape[3]
         og = o // groups
         kk = cg * kh * kw
         load_a = f"    return b[(g * {og}u + m) * {kk}u + k];"  # the weight is operand 1 (binding b)
-        load_b = "\n".join([
-            _split("k", ["ci", "ky", "kx"], [cg, kh, kw]), _split("n", ["nb", "oy", "ox"], [nb, ho, wo]),
-            f"    let iy = i32(oy * {s[0]}u + ky * {d[0]}u) - {p[0]};",
-            f"    let ix = i32(ox * {s[1]}u + kx * {d[1]}u) - {p[1]};",
-            f"    if (iy < 0 || iy >= {h} || ix < 0 || ix >= {wd}) {{ return 0.0; }}",
-            f"    return a[((nb * {c}u + g * {cg}u + ci) * {h}u + u32(iy)) * {wd}u + u32(ix)];"])
+        load_b = "\n".join([_split("k", ["ci", "ky", "kx"], [cg, kh, kw]), _split("n", ["nb", "oy", "ox"], [nb, ho, wo]),
+                            *window])
         store = "\n".join([_split("n", ["nb", "pix"], [nb, ho * wo]),
                            f"    c[(nb * {o}u + g * {og}u + m) * {ho * wo}u + pix] = v;"])
-        return igemm(bind, og, nb * ho * wo, kk, groups, load_a, load_b, store, "conv2d",
-                     k_contiguous=(True, False), conv=True)  # weights [O, C/g * kh * kw]; pixels along N
-    if n.op == "conv_transpose2d":
-        x, w = a.shape, b.shape  # x [N, Cin, H, W], w [Cin, Cout/g, kh, kw]
-        nb, cin, h, wd = x
-        _, og, kh, kw = w
-        cg = cin // groups
-        ho, wo = n.shape[2], n.shape[3]
-        cout = og * groups
-        kk = cg * kh * kw
-        load_a = "\n".join([_split("k", ["ci", "r"], [cg, kh * kw]),
-                            f"    return b[((g * {cg}u + ci) * {og}u + m) * {kh * kw}u + r];"])
-        load_b = "\n".join([
-            _split("k", ["ci", "ky", "kx"], [cg, kh, kw]), _split("n", ["nb", "oy", "ox"], [nb, ho, wo]),
-            f"    let ty = i32(oy) + {p[0]} - i32(ky * {d[0]}u);",
-            f"    let tx = i32(ox) + {p[1]} - i32(kx * {d[1]}u);",
-            f"    if (ty < 0 || tx < 0 || ty % {s[0]} != 0 || tx % {s[1]} != 0) {{ return 0.0; }}",
-            f"    let iy = ty / {s[0]};",
-            f"    let ix = tx / {s[1]};",
-            f"    if (iy >= {h} || ix >= {wd}) {{ return 0.0; }}",
-            f"    return a[((nb * {cin}u + g * {cg}u + ci) * {h}u + u32(iy)) * {wd}u + u32(ix)];"])
-        store = "\n".join([_split("n", ["nb", "pix"], [nb, ho * wo]),
-                           f"    c[(nb * {cout}u + g * {og}u + m) * {ho * wo}u + pix] = v;"])
-        return igemm(bind, og, nb * ho * wo, kk, groups, load_a, load_b, store, "conv_transpose2d", conv=True)
+        return igemm(bind, og, nb * ho * wo, kk, groups, load_a, load_b, store, label, names, prelude,
+                     k_contiguous=(True, False), conv=True, n_load=n_load,
+                     load_prelude=bool(prelude))  # weights [O, C/g * kh * kw]
     # conv2d_weight_grad(x, gy) -> [O, C/g, kh, kw]
-    x, gy = a.shape, b.shape
-    nb, c, h, wd = x
-    _, o, ho, wo = gy
+    _, o, ho, wo = o_
     kh, kw = n.attr("kernel")
     cg, og = c // groups, o // groups
     load_a = "\n".join([_split("k", ["nb", "pix"], [nb, ho * wo]),
                         f"    return b[(nb * {o}u + g * {og}u + m) * {ho * wo}u + pix];"])
-    load_b = "\n".join([
-        _split("k", ["nb", "oy", "ox"], [nb, ho, wo]), _split("n", ["ci", "ky", "kx"], [cg, kh, kw]),
-        f"    let iy = i32(oy * {s[0]}u + ky * {d[0]}u) - {p[0]};",
-        f"    let ix = i32(ox * {s[1]}u + kx * {d[1]}u) - {p[1]};",
-        f"    if (iy < 0 || iy >= {h} || ix < 0 || ix >= {wd}) {{ return 0.0; }}",
-        f"    return a[((nb * {c}u + g * {cg}u + ci) * {h}u + u32(iy)) * {wd}u + u32(ix)];"])
+    load_b = "\n".join([_split("k", ["nb", "oy", "ox"], [nb, ho, wo]), _split("n", ["ci", "ky", "kx"], [cg, kh, kw]),
+                        *window])
     store = f"    c[(g * {og}u + m) * {cg * kh * kw}u + n] = v;"
-    return igemm(bind, og, cg * kh * kw, nb * ho * wo, groups, load_a, load_b, store, "conv2d_weight_grad",
-                 k_contiguous=(True, True), conv=True)  # K walks pixels in both operands
+    return igemm(bind, og, cg * kh * kw, nb * ho * wo, groups, load_a, load_b, store, label, names, prelude,
+                 k_contiguous=(True, True), conv=True, n_load=n_load,
+                 load_prelude=bool(prelude))  # K walks pixels in both operands
 
 
 def _map_kernel(bind, total, body, label):

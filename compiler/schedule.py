@@ -82,7 +82,8 @@ def schedule(graph: Graph) -> Schedule:
         readers = _readers(graph, i, users, live)
         ok = readers and all(is_elementwise(nodes[u].op) and flat_read(graph, u, p) for u, p in readers)
         cheap = len({u for u, _ in readers}) == 1 or _cheap(graph, i) or i in recompute
-        if (ok and cheap) or _reduce_prologue(graph, i, readers, i in recompute):
+        if (ok and cheap) or _reduce_prologue(graph, i, readers, i in recompute) \
+                or (i in recompute and _gemm_prologue(graph, readers)):
             inlined.add(i)
 
     # a fused chain must fit the device's bindings: materialize inner nodes until it does.
@@ -98,7 +99,8 @@ def schedule(graph: Graph) -> Schedule:
             if r not in dirty:
                 continue
             dirty.discard(r)
-            if r in inlined or not (is_elementwise(nodes[r].op) or _is_reduce(nodes[r].op)) or nodes[r].op == "const":
+            if r in inlined or not (is_elementwise(nodes[r].op) or _is_reduce(nodes[r].op)
+                                    or nodes[r].op in GEMM_PROLOGUES) or nodes[r].op == "const":
                 continue
             members = _members(graph, r, inlined)
             for m in members:
@@ -166,7 +168,8 @@ def schedule(graph: Graph) -> Schedule:
         if r in fitted:
             members, reads = fitted[r]
         else:
-            members = _members(graph, r, inlined) if is_elementwise(n.op) or _is_reduce(n.op) else {r}
+            members = _members(graph, r, inlined) if is_elementwise(n.op) or _is_reduce(n.op) \
+                or n.op in GEMM_PROLOGUES else {r}
             reads = _external_reads(graph, members)
         ext = {aliases.get(x, x) for x in reads}
         target = None
@@ -449,6 +452,28 @@ def _reduce_prologue(graph, i, readers, recomputable=False) -> bool:
         return readers[0][1] == 0 and _is_reduce(graph.nodes[readers[0][0]].op)
     return recomputable and all((p == 0 and _is_reduce(graph.nodes[u].op))
                                 or (is_elementwise(graph.nodes[u].op) and flat_read(graph, u, p)) for u, p in readers)
+
+
+# GEMM-like ops whose kernels can compute an input in their loads, by input position (see
+# _gemm_prologue); empty: every such input is stored first
+GEMM_PROLOGUES = {}
+GEMM_PROLOGUE_INPUTS = {"matmul": (0, 1), "conv2d": (0,), "conv2d_weight_grad": (0,)}
+
+
+def _gemm_prologue(graph, readers) -> bool:
+    """A short elementwise chain over one stored tensor (a batch norm's affine output and
+    its ReLU, a GELU) that matmuls and convolutions read is computed in their loads, each
+    time an element is staged, instead of being stored between them: no tensor (the input
+    a convolution's weight gradient needs in the backward pass, kept since the forward),
+    no kernel. Other readers must be elementwise (or reductions) at the same index."""
+    gemm = False
+    for u, p in readers:
+        op = graph.nodes[u].op
+        if p in GEMM_PROLOGUES.get(op, ()):
+            gemm = True
+        elif not ((is_elementwise(op) and flat_read(graph, u, p)) or (p == 0 and _is_reduce(op))):
+            return False
+    return gemm
 
 
 RECOMPUTE_OPS = 6  # longest elementwise chain recomputed in each reader instead of stored
