@@ -83,7 +83,7 @@ def schedule(graph: Graph) -> Schedule:
         ok = readers and all(is_elementwise(nodes[u].op) and flat_read(graph, u, p) for u, p in readers)
         cheap = len({u for u, _ in readers}) == 1 or _cheap(graph, i) or i in recompute
         if (ok and cheap) or _reduce_prologue(graph, i, readers, i in recompute) \
-                or (i in recompute and _gemm_prologue(graph, readers)):
+                or (i in recompute and _gemm_prologue(graph, readers, recompute[i], users, live)):
             inlined.add(i)
 
     # a fused chain must fit the device's bindings: materialize inner nodes until it does.
@@ -460,12 +460,18 @@ GEMM_PROLOGUES = {}
 GEMM_PROLOGUE_INPUTS = {"matmul": (0, 1), "conv2d": (0,), "conv2d_weight_grad": (0,)}
 
 
-def _gemm_prologue(graph, readers) -> bool:
+def _gemm_prologue(graph, readers, sources, users, live) -> bool:
     """A short elementwise chain over one stored tensor (a batch norm's affine output and
     its ReLU, a GELU) that matmuls and convolutions read is computed in their loads, each
     time an element is staged, instead of being stored between them: no tensor (the input
     a convolution's weight gradient needs in the backward pass, kept since the forward),
-    no kernel. Other readers must be elementwise (or reductions) at the same index."""
+    no kernel. Other readers must be elementwise (or reductions) at the same index. Not
+    when the chain's stored tensor is a product that only elementwise code reads: the chain
+    is then that product's epilogue, computed once instead of in every load."""
+    for b in sources:
+        if graph.nodes[b].op in GEMM_PROLOGUE_INPUTS and all(
+                is_elementwise(graph.nodes[u].op) and flat_read(graph, u, p) for u, p in _readers(graph, b, users, live)):
+            return False
     gemm = False
     for u, p in readers:
         op = graph.nodes[u].op
@@ -479,11 +485,12 @@ def _gemm_prologue(graph, readers) -> bool:
 RECOMPUTE_OPS = 6  # longest elementwise chain recomputed in each reader instead of stored
 
 
-def _recomputable(graph, live, pinned) -> set:
+def _recomputable(graph, live, pinned) -> dict:
     """Elementwise values cheaper to recompute in every reader than to keep: a short chain
     over ONE stored tensor of their size plus smaller (broadcast) operands and leaves, e.g.
     a batch norm's x - mean, its normalised x, its affine output; AdamW's new moments. Training then keeps the
-    convolution's output alive for the backward pass, as PyTorch does, not four copies."""
+    convolution's output alive for the backward pass, as PyTorch does, not four copies.
+    Returns node -> the stored same-size tensors its chain reads (at most one)."""
     nodes = graph.nodes
     chain, big = {}, {}  # node -> ops recomputed, the stored same-size tensors it reads
     for i in sorted(live):
@@ -503,7 +510,7 @@ def _recomputable(graph, live, pinned) -> set:
         if ops <= RECOMPUTE_OPS and len(reads) <= 1 and all(flat_read(graph, i, p) or nodes[base_of(graph, j)].size < n.size
                                                            for p, j in enumerate(n.inputs)):
             chain[i], big[i] = ops, reads
-    return set(chain)
+    return {i: big[i] for i in chain}
 
 
 def _readers(graph, i, users, live):

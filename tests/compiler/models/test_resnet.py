@@ -100,8 +100,15 @@ def torch_f32_grad_errors(ref, x, labels):
     return {k: float((grads[torch.float32][k] - g).abs().max() / g.abs().max()) for k, g in grads[torch.float64].items()}
 
 
+@pytest.mark.parametrize("prologues", [False, True], ids=["stored", "prologues"])
 @pytest.mark.parametrize("name", CASES)
-def test_resnet_forward_and_training_step(name, device):
+def test_resnet_forward_and_training_step(name, prologues, device, monkeypatch):
+    """Also with batch norm + ReLU computed in the next convolution's loads (schedule's GEMM
+    prologues, off by default): the same numbers."""
+    from meganeura.compiler import schedule
+
+    if prologues:
+        monkeypatch.setattr(schedule, "GEMM_PROLOGUES", dict(schedule.GEMM_PROLOGUE_INPUTS))
     builder, block, layers = CASES[name]
     # 48x48, not 32x32: at 32 the last stage is 1x1, so a train-mode batch norm there normalises
     # 2 values per channel (y = +-1 whatever x is): its exact gradient is ~0 and every gradient
@@ -129,6 +136,11 @@ def test_resnet_forward_and_training_step(name, device):
                                {"x": x}, labels, device, loss="cross_entropy", tol=max(allowed.values()))
     bad = {k: (gpu, allowed[k]) for k, (_, gpu) in step.items() if gpu > allowed[k]}
     assert not bad, f"(gpu error, allowed): {bad}"
+    if prologues:  # the path under test was taken
+        from meganeura.runtime import Package
+
+        pkg = Package.from_bytes(compile_model(model, TrainConfig(loss="cross_entropy", optimizer="sgd")))
+        assert any(k["label"].startswith("conv2d(prologue)") for k in pkg.manifest["kernels"])
     worst = max(step.items(), key=lambda kv: kv[1][1])
     print(f"\n{name}: forward {fwd}; training step worst gpu error {worst} (allowed {allowed[worst[0]]:.2g}), "
           f"largest allowance {max(allowed.values()):.2g}")
