@@ -1,5 +1,5 @@
 """GEMM and attention plans on this GPU: each transformer-sized matmul (with its bias or
-GELU epilogue) and attention of the bench's models, under several codegen.GEMM_PLAN /
+GELU epilogue) and attention of the bench's models, under several codegen_gemm.GEMM_PLAN /
 codegen_nn.ATTENTION_PLAN settings, GPU time by timestamps, cuBLAS / SDPA beside them.
 Picks the plan with the least total time; the defaults in codegen come from here.
 
@@ -25,7 +25,7 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
 _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True}
 _BIG = {"big_bk": 16, "prefetch": True, "vec4_loads": True, "big_bk_conv": 8}
-GEMM_PLANS = {  # codegen.GEMM_PLAN settings; the first is the default
+GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings; the first is the default
     "F, 16-byte loads in every tile size": {**_F, **_BIG, "vec4_small_tiles": True},
     "F, 16-byte loads in 128-tiles only": {**_F, **_BIG, "vec4_small_tiles": False},
 }
@@ -136,7 +136,7 @@ def main(argv=None):
     global GEMMS, ATTENTIONS, ITERS
     if args.smoke:
         GEMMS, ATTENTIONS, ITERS = [(33, 40, 20, "gelu"), (20, 600, 30, "bias"), (1, 4, 6, "conv3x3")], [(1, 2, 40, 300, 8)], 3
-    from meganeura.compiler import codegen, codegen_nn
+    from meganeura.compiler import codegen_gemm, codegen_nn
     from meganeura.runtime.device import default_device
 
     device = default_device()
@@ -147,19 +147,19 @@ def main(argv=None):
         cuda = torch.cuda.is_available()
     except ImportError:
         cuda = False
-    rows, saved_g, saved_a = [], dict(codegen.GEMM_PLAN), dict(codegen_nn.ATTENTION_PLAN)
+    rows, saved_g, saved_a = [], dict(codegen_gemm.GEMM_PLAN), dict(codegen_nn.ATTENTION_PLAN)
     for m, k, n, epi in GEMMS:
         model, inputs = _gemm_model(m, k, n, epi)
         row = {"case": f"gemm {m}x{k}x{n} +{epi}", "plans": {}}
         for name, plan in GEMM_PLANS.items():
-            codegen.GEMM_PLAN.update(plan)
+            codegen_gemm.GEMM_PLAN.update(plan)
             row["plans"][name] = _ours(device, model, inputs)
-        codegen.GEMM_PLAN.update(saved_g)
+        codegen_gemm.GEMM_PLAN.update(saved_g)
         if cuda:
             row["torch_us"] = _torch_us(_torch_gemm(inputs["x"], model.params, epi))
         print(json.dumps(row), flush=True)
         rows.append(row)
-    codegen.GEMM_PLAN.update(saved_g)
+    codegen_gemm.GEMM_PLAN.update(saved_g)
     for shape in ATTENTIONS:
         model, inputs = _attention_model(*shape)
         row = {"case": f"attention {shape}", "plans": {}}

@@ -9,7 +9,8 @@ Groups are the GEMM's batch dimension.
 """
 from __future__ import annotations
 
-from .codegen import WG, KernelCode, _Bindings, _strides, _temp_ids, grid, igemm, per_output
+from .codegen import WG, KernelCode, _Bindings, _strides, _temp_ids, grid, per_output
+from .codegen_gemm import igemm, prologue_load
 from .ops_nn import _conv_attrs, _pool_attrs
 from .schedule import Kernel, Schedule, base_of
 from .wgsl import render, template
@@ -66,8 +67,6 @@ def _conv_with_input(sched, k, n, r, a, b, s, p, d, groups):
     """conv2d and its weight gradient: implicit GEMMs whose im2col loads read the input x
     (operand 0), or compute it when a prologue chain (a batch norm and its ReLU) was not
     stored (schedule._gemm_prologue)."""
-    from .codegen import prologue_load
-
     g = sched.graph
     x, o_ = a.shape, b.shape
     nb, c, h, wd = x

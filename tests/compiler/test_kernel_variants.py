@@ -26,7 +26,7 @@ CASES = {  # (a shape, b shape, trans_a, trans_b): edges, batches, split-K, the 
 
 
 def test_gemm_plans_by_shape():
-    from meganeura.compiler.codegen import gemm_plan
+    from meganeura.compiler.codegen_gemm import gemm_plan
 
     assert gemm_plan(4096, 4096, 4096, 1) == (128, 16, 1)
     assert gemm_plan(1040, 1040, 40, 1) == (64, 16, 1)

@@ -1,0 +1,347 @@
+"""GEMM-shaped kernels: matmul and the implicit-GEMM tiles convolutions share (igemm*.wgsl).
+
+The tile plan comes from the shape (`gemm_plan`, tuned on the GPU with bench/gemm_policy.py);
+the loads stage each operand along its contiguous dimension, 16 bytes at a time where it is
+aligned; elementwise chains may run in the loads (prologues) and in the store (epilogues).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .codegen import (
+    WG,
+    KernelCode,
+    _Bindings,
+    _chain,
+    _strides,
+    _temp_ids,
+    ew_code,
+    grid,
+    per_output,
+)
+from .schedule import Kernel, Schedule, base_of
+from .wgsl import render, template
+
+
+def _inner(tg: int) -> str:
+    """igemm.wgsl's unrolled K step for TG x TG threads."""
+    return "\n".join(
+        f"        let a{kk} = a_tile[{kk * tg}u + lid.y];\n        let b{kk} = b_tile[{kk * tg}u + lid.x];\n"
+        + "\n".join(f"        acc{r} = acc{r} + a{kk}.{c} * b{kk};" for r, c in enumerate("xyzw"))
+        for kk in range(16))
+
+
+INNER = {tg: _inner(tg) for tg in (8, 16)}
+def _inner128(bk: int) -> str:
+    """igemm128.wgsl's unrolled K step: BK rows of the tiles, 64 multiply-adds each."""
+    return "\n".join(
+        f"        let a{kk}l = a_tile[{kk * 32}u + lid.y * 2u];\n        let a{kk}h = a_tile[{kk * 32}u + lid.y * 2u + 1u];\n"
+        f"        let b{kk}l = b_tile[{kk * 32}u + lid.x * 2u];\n        let b{kk}h = b_tile[{kk * 32}u + lid.x * 2u + 1u];\n"
+        + "\n".join(f"        acc{r}l = acc{r}l + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}l;\n"
+                    f"        acc{r}h = acc{r}h + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}h;" for r in range(8))
+        for kk in range(bk))
+
+
+def _stage128(bk: int, k_contiguous, vec4=(None, None)) -> dict:
+    """igemm128.wgsl's staging: BK/8 vec4s of A and of B per thread, loaded into registers
+    (the next tile's while this one is multiplied, with GEMM_PLAN["prefetch"]) and stored
+    into the tiles after the barrier. `vec4[i]`: operand i is read 16 bytes at a time
+    through load_a4 / load_b4, along its rows or columns ("group": the 4 values a tile
+    entry holds) or along K ("k": 4 entries' same component, stored one by one)."""
+    index, load, store, out = [], [], [], {}
+    for op, contiguous, mode in zip("ab", k_contiguous, vec4):
+        if mode == "k":
+            out[f"{op.upper()}_ORDER"] = "4 k of one row at a time"
+            quads = bk // 4
+            for j in range(bk // 8):
+                e = f"(tid + {256 * j}u)"
+                index.append(f"    let {op}q{j} = {e} % {quads}u;\n    let {op}r{j} = {e} / {quads}u;")
+                at = (f"row0 + ar{j}, KB + aq{j} * 4u" if op == "a" else f"KB + bq{j} * 4u, col0 + br{j}")
+                load.append(f"p{op}{j} = load_{op}4(g, {at});")
+                store.append("\n".join(f"        {op}_tile[({op}q{j} * 4u + {c}u) * 32u + {op}r{j} / 4u][{op}r{j} % 4u] = "
+                                       f"p{op}{j}.{comp};" for c, comp in enumerate("xyzw")))
+            continue
+        st = _staging(contiguous and mode is None, "e", bk, 32)
+        out[f"{op.upper()}_ORDER"] = st["ORDER"]
+        for j in range(bk // 8):
+            e = f"(tid + {256 * j}u)"
+            index.append(f"    let {op}k{j} = {st['K'].replace('e', e, 1)};\n    let {op}g{j} = {st['G'].replace('e', e, 1)};")
+            if mode == "group":
+                at = f"row0 + ag{j} * 4u, KB + ak{j}" if op == "a" else f"KB + bk{j}, col0 + bg{j} * 4u"
+                load.append(f"p{op}{j} = load_{op}4(g, {at});")
+            elif op == "a":
+                els = ", ".join(f"load_a(g, row0 + ag{j} * 4u + {i}u, KB + ak{j})" for i in range(4))
+                load.append(f"p{op}{j} = vec4<f32>({els});")
+            else:
+                els = ", ".join(f"load_b(g, KB + bk{j}, col0 + bg{j} * 4u + {i}u)" for i in range(4))
+                load.append(f"p{op}{j} = vec4<f32>({els});")
+            store.append(f"        {op}_tile[{op}k{j} * 32u + {op}g{j}] = p{op}{j};")
+    decl = "\n".join(f"    var {line.replace('KB', 'k0')}" for line in load)
+    if GEMM_PLAN["prefetch"]:
+        nxt = "\n".join(["        if (k0 + BK < k_end) {  // the next tile's loads run while this one is multiplied"]
+                        + [f"            {line.replace('KB', '(k0 + BK)')}" for line in load] + ["        }"])
+        first, store_tiles = decl, "\n".join(store)
+        note = "the next tile's global loads are issued before this tile's multiply-adds."
+    else:
+        nxt, first = "", "\n".join(f"    var {line.split(' = ')[0]}: vec4<f32>;" for line in load)
+        store_tiles = "\n".join([f"        {line.replace('KB', 'k0')}" for line in load] + store)
+        note = "each tile is loaded, then multiplied."
+    return dict(INDEX="\n".join(index), LOAD_FIRST=first, LOAD_NEXT=nxt, STORE_TILES=store_tiles,
+                STAGED=32 * bk, BK=bk, INNER_LOOP=_inner128(bk), PREFETCH_NOTE=note, **out)
+
+
+ACC128 = "\n".join(f"    var acc{r}{h} = vec4<f32>(0.0);" for r in range(8) for h in "lh")
+STORES128 = "\n".join(
+    f"    store(g, slice, r + {r}u, c + {4 * (h == 'h') + i}u, acc{r}{h}.{comp});"
+    for r in range(8) for h in "lh" for i, comp in enumerate("xyzw"))
+
+
+# GEMM shape plan, from bench/gemm_policy.py on the H200 (bench/results): when 64-tiles
+# give fewer than `fill` workgroups, a short K (<= `short_k`) takes 32-tiles (4x the
+# workgroups, each cheap), a long K keeps 64-tiles and is split into slices of at least
+# `slice_min`; either is split further until about `fill` workgroups run.
+GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
+             "big_bk": 16, "prefetch": True,  # 128-tiles: 4096^3 5.44 -> 4.42 ms with both (bench/REJECTED.md)
+             "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}  # convolutions' im2col loads: 284 us with 8, 307 with 16
+
+
+def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
+    """(tile, K step, split-K slices) for an M x N x K GEMM repeated `groups` times (`conv`:
+    an implicit GEMM whose loads compute im2col windows)."""
+    def tiles(t):
+        return -(-m // t) * -(-n // t) * groups
+
+    fill = GEMM_PLAN["fill"]
+    if tiles(128) >= 256:  # large tiles only when they still fill the GPU
+        return 128, GEMM_PLAN["big_bk_conv" if conv else "big_bk"], 1
+    if tiles(64) >= fill:
+        return 64, 16, 1
+    short = k <= GEMM_PLAN["short_k"]
+    tile = 32 if short else 64
+    slice_min = GEMM_PLAN["slice_min_short" if short else "slice_min"]
+    return tile, 16, max(1, min(64, -(-fill // tiles(tile)), k // slice_min))
+
+
+def _staging(k_contiguous: bool, index: str, ks: int, groups: int) -> dict:
+    """Which tile entry (k, group of 4) thread/entry `index` stages: k fastest when the operand
+    is contiguous along K (row-major activations, [out, in] weights), so that neighbouring
+    threads read neighbouring addresses; else the group fastest."""
+    if k_contiguous and GEMM_PLAN["k_fastest_staging"]:
+        return {"K": f"{index} % {ks}u", "G": f"{index} / {ks}u", "ORDER": "k fastest"}
+    return {"K": f"{index} / {groups}u", "G": f"{index} % {groups}u", "ORDER": "rows/columns fastest"}
+
+
+def _vec4_common(common, decls, st, contract, modes, vec4) -> str:
+    """igemm_common with the vec4 operands' bindings retyped array<vec4<f32>>, their scalar
+    loaders stubbed out and load_a4 / load_b4 added."""
+    if not any(modes):
+        return common
+    decls4, contract4 = decls, dict(contract)
+    for op, mode in zip("ab", modes):
+        if mode:
+            decls4 = decls4.replace(f"var<storage, read> {op}: array<f32>", f"var<storage, read> {op}: array<vec4<f32>>")
+            contract4[f"LOAD_{op.upper()}"] = f"    return 0.0;  // read through load_{op}4"
+    return render("igemm_common", BINDINGS=decls4, STORE=st, **contract4) + "".join(
+        _vec4_loader(op, v[1]) for op, mode, v in zip("ab", modes, vec4) if mode)
+
+
+def _stage_small(tg: int, k_contiguous, modes) -> dict:
+    """igemm.wgsl's staging statements for tile entry `e` of A and of B (see _stage128)."""
+    out = {}
+    for op, contiguous, mode in zip("ab", k_contiguous, modes):
+        i = 8 * " "
+        if mode == "k":  # entry e: row e / 4, k quad e % 4
+            at = "row0 + e / 4u, k0 + (e % 4u) * 4u" if op == "a" else "k0 + (e % 4u) * 4u, col0 + e / 4u"
+            lines = [f"{i}    let v{op} = load_{op}4(g, {at});"] + [
+                f"{i}    {op}_tile[((e % 4u) * 4u + {c}u) * TG + e / 16u][(e / 4u) % 4u] = v{op}.{comp};"
+                for c, comp in enumerate("xyzw")]
+            out[f"{op.upper()}_ORDER"] = "4 k of one row at a time"
+        else:
+            st = _staging(contiguous and mode is None, "e", 16, tg)
+            out[f"{op.upper()}_ORDER"] = st["ORDER"]
+            lines = [f"{i}    let {op}k = {st['K']};", f"{i}    let {op}g = {st['G']};"]
+            if mode == "group":
+                at = "row0 + ag * 4u, k0 + ak" if op == "a" else "k0 + bk, col0 + bg * 4u"
+                lines.append(f"{i}    {op}_tile[{op}k * TG + {op}g] = load_{op}4(g, {at});")
+            elif op == "a":
+                lines.append(f"{i}    a_tile[ak * TG + ag] = vec4<f32>(" + ", ".join(
+                    f"load_a(g, row0 + ag * 4u + {c}u, k0 + ak)" for c in range(4)) + ");")
+            else:
+                lines.append(f"{i}    b_tile[bk * TG + bg] = vec4<f32>(" + ", ".join(
+                    f"load_b(g, k0 + bk, col0 + bg * 4u + {c}u)" for c in range(4)) + ");")
+        out[f"STAGE_{op.upper()}"] = "\n".join(lines)
+    return out
+
+
+def _vec4_loader(op: str, body: str) -> str:
+    args, guard = ("m: u32, k: u32", "m >= M || k >= K") if op == "a" else ("k: u32, n: u32", "k >= K || n >= N")
+    return (f"\n\nfn load_{op}4(g: u32, {args}) -> vec4<f32> {{\n    if ({guard}) {{\n        return vec4<f32>(0.0);\n"
+            f"    }}\n{body}\n}}\n")
+
+
+def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, load_b: str, store: str,
+          label: str, names=("a", "b", "c"), prelude: str = "", k_contiguous=(False, False), vec4=(None, None),
+          conv: bool = False, n_load: int = 2, load_prelude: bool = False):
+    """Implicit-GEMM kernel(s) from WGSL bodies of load_a(g, m, k), load_b(g, k, n) and
+    store(g, m, n, v). Returns one KernelCode, or two with split-K (partials + sum).
+    The first `n_load` bindings belong to the loads (A and B, or what prologues computing
+    them read), the others to store() (the output, and an epilogue's inputs).
+    `k_contiguous`: whether A and B are laid out along K in memory (how to stage them).
+    `vec4`: per operand None, or (mode, body of load_a4(g, m, k) / load_b4(g, k, n) -> vec4,
+    reading a binding declared array<vec4<f32>>) for the 128-tile kernel (see _stage128).
+    `conv`: the loads compute im2col windows (the plan steps K differently)."""
+    tile, bk, split = gemm_plan(m, n, k, groups, conv)
+    big = tile == 128
+    ks = -(-(-(-k // split)) // bk) * bk  # slice length, a multiple of the K step
+    split = -(-k // ks)
+    contract = dict(M=m, N=n, K=k, SPLIT=split, KS=ks, LOAD_A=load_a, LOAD_B=load_b)
+    all_decls = bind.decls(list(names)).splitlines()
+    if split == 1:
+        decls, st = prelude + "\n".join(all_decls), store
+        slots = bind.list()
+    else:  # the GEMM kernel writes [slice, g, m, n] partials into a temp buffer
+        temp = ("temp", next(_temp_ids))
+        slots = bind.list()[:n_load] + [(temp, "read_write")]
+        decls = (prelude if load_prelude else "") + "\n".join(all_decls[:n_load]) + \
+            f"\n@group(0) @binding({n_load}) var<storage, read_write> partial: array<f32>;"
+        st = f"    partial[((slice * {groups}u + g) * {m}u + m) * {n}u + n] = v;"
+    common = render("igemm_common", BINDINGS=decls, STORE=st, **contract)
+    if big:
+        modes = [v[0] if v and GEMM_PLAN["vec4_loads"] else None for v in vec4]
+        wgsl = render("igemm128", COMMON=_vec4_common(common, decls, st, contract, modes, vec4), ACC_DECL=ACC128,
+                      STORES=STORES128, **_stage128(bk, k_contiguous, modes))
+    else:
+        modes = [v[0] if v and GEMM_PLAN["vec4_loads"] and GEMM_PLAN["vec4_small_tiles"] else None for v in vec4]
+        wgsl = render("igemm", COMMON=_vec4_common(common, decls, st, contract, modes, vec4),
+                      INNER_LOOP=INNER[tile // 4], TG=tile // 4, STAGED=4 * tile, **_stage_small(tile // 4, k_contiguous, modes))
+    threads = (8, 8, 1) if tile == 32 else (16, 16, 1)
+    code = KernelCode(wgsl, threads, slots, (-(-n // tile), -(-m // tile), groups * split), label)
+    code.gemm_decls, code.gemm_store = decls, st  # for variants with other main loops
+    # CPU rasterisers: same bindings and split, a barrier-free kernel with its own grid
+    cpu = render("igemm_cpu", COMMON=common)
+    code.variants = {"cpu": (cpu, (8, 8, 1), (-(-n // 32), -(-m // 32), groups * split))}
+    if split == 1:
+        return code
+    code.temps = {temp: split * groups * m * n * 4}
+    total = groups * m * n
+    body = "\n".join([
+        f"    let g = idx / {m * n}u;", f"    let m = (idx / {n}u) % {m}u;", f"    let n = idx % {n}u;",
+        "    var v = 0.0;",
+        f"    for (var s = 0u; s < {split}u; s++) {{ v += partial[s * {total}u + idx]; }}",
+        store.replace("    ", "    ", 1)])
+    # the sum kernel runs store(): it binds what store() reads and writes, after the partials
+    decls2 = "\n".join(["@group(0) @binding(0) var<storage, read> partial: array<f32>;"] + [
+        line.replace(f"@binding({i + n_load})", f"@binding({i + 1})") for i, line in enumerate(all_decls[n_load:])])
+    wgsl2 = per_output(decls2, total, body.replace("    let idx = g *", "    let _i = g *"), prelude)
+    reduce = KernelCode(wgsl2, (WG, 1, 1), [(temp, "read")] + bind.list()[n_load:], grid(-(-total // WG)),
+                        label + "/splitk-sum")
+    return [code, reduce]
+
+
+def prologue_load(sched: Schedule, k: Kernel, x: int, at: str, bind: _Bindings):
+    """When the GEMM-like kernel `k` computes its input `x` in its loads (see
+    schedule._gemm_prologue): (WGSL returning x's element at flat index `at`, whether the
+    prelude's helpers are used); else None."""
+    if x not in k.members or x in k.roots or x == k.product:
+        return None
+    values = {}
+    coords, body, uses_prelude = ew_code(sched, _chain(sched.graph, x, k.members), [], bind, names=values)
+    return "\n".join([f"    let idx = {at};"] + coords + body + [f"    return f32({values[x]});"]), uses_prelude
+
+
+def _batch_offset(batch_shape, src_shape, var):
+    """WGSL for the element offset of batch `g` within an operand with (broadcast) batch dims."""
+    terms = []
+    bst = _strides(batch_shape)
+    lead = len(batch_shape) - (len(src_shape) - 2)
+    sst = _strides(src_shape)
+    for d in range(len(batch_shape)):
+        if batch_shape[d] == 1 or d < lead or src_shape[d - lead] == 1:
+            continue
+        terms.append(f"((g / {bst[d]}u) % {batch_shape[d]}u) * {sst[d - lead]}u")
+    return f"    let {var} = {' + '.join(terms) if terms else '0u'};"
+
+
+def matmul(sched: Schedule, k: Kernel) -> KernelCode:
+    g = sched.graph
+    r = k.product if k.epilogue else k.roots[0]
+    n = g.nodes[r]
+    a, b = (g.nodes[i] for i in n.inputs)
+    ta, tb = bool(n.attr("trans_a")), bool(n.attr("trans_b"))
+    m_, n_ = n.shape[-2], n.shape[-1]
+    k_ = a.shape[-2] if ta else a.shape[-1]
+    sam, sak = (1, a.shape[-1]) if ta else (a.shape[-1], 1)
+    sbk, sbn = (1, b.shape[-1]) if tb else (b.shape[-1], 1)
+    batch_shape = n.shape[:-2]
+    bind = _Bindings(g, sched.storage)
+    names, load_prelude = {}, False
+    loads = []
+    for op, i, (s_row, s_col) in (("a", n.inputs[0], ("m", "k")), ("b", n.inputs[1], ("k", "n"))):
+        x = base_of(g, i)
+        strides = (sam, sak) if op == "a" else (sbk, sbn)
+        at = f"off + {s_row} * {strides[0]}u + {s_col} * {strides[1]}u"
+        offset = _batch_offset(batch_shape, g.nodes[i].shape, "off")
+        prologue = prologue_load(sched, k, x, at, bind)
+        if prologue is None:
+            names[len(bind.slots)] = op
+            bind.use(x, own=True)
+            loads.append(offset + f"\n    return {op}[{at}];")
+        else:
+            loads.append(offset + "\n" + prologue[0])
+            load_prelude |= prologue[1]
+    load_a, load_b = loads
+    n_load = len(bind.slots)
+    bind.shared_from = n_load
+    label = "matmul" if n_load == 2 and set(names.values()) == {"a", "b"} else "matmul(prologue)"
+    if k.epilogue:  # elementwise consumers computed in store(): the product never touches memory
+        coords, body, uses_prelude = ew_code(sched, k.epilogue, k.roots, bind, given={r: "v"})
+        store = "\n".join([f"    let idx = g * {m_ * n_}u + m * {n_}u + n;"] + coords + body)
+        label += "+" + "+".join(sorted({g.nodes[e].op for e in k.epilogue}))
+    else:
+        uses_prelude = False
+        names[len(bind.slots)] = "c"
+        bind.use(r, write=True, own=True)
+        store = f"    c[g * {m_ * n_}u + m * {n_}u + n] = v;"
+    names = [names.get(j, f"t{j}") for j in range(len(bind.slots))]
+    prelude = template("prelude") + "\n" if uses_prelude or load_prelude else ""
+    plain = names[:2] == ["a", "b"]
+    batches = int(np.prod(batch_shape, dtype=np.int64))
+    # 16-byte loads where a tile entry's 4 values (or 4 consecutive k) are contiguous and
+    # aligned: every row and batch offset is then a multiple of 4
+    vec4 = [None, None]
+    off_a = _batch_offset(batch_shape, a.shape, "off")
+    off_b = _batch_offset(batch_shape, b.shape, "off")
+    if "a" not in names:
+        pass  # computed by a prologue: nothing to read 16 bytes at a time
+    elif sam == 1 and m_ % 4 == 0 and k_ > 0:
+        vec4[0] = ("group", off_a + f"\n    return a[(off + m + k * {sak}u) / 4u];")
+    elif sak == 1 and k_ % 4 == 0:
+        vec4[0] = ("k", off_a + f"\n    return a[(off + m * {sam}u + k) / 4u];")
+    if "b" not in names:
+        pass
+    elif sbn == 1 and n_ % 4 == 0 and k_ > 0:
+        vec4[1] = ("group", off_b + f"\n    return b[(off + k * {sbk}u + n) / 4u];")
+    elif sbk == 1 and k_ % 4 == 0:
+        vec4[1] = ("k", off_b + f"\n    return b[(off + k + n * {sbn}u) / 4u];")
+    codes = igemm(bind, m_, n_, k_, batches, load_a, load_b, store, label, names, prelude,
+                  k_contiguous=(sak == 1, sbk == 1), vec4=tuple(vec4), n_load=n_load, load_prelude=load_prelude)
+    if plain and sak == 1 and sbk == 1 and k_ % 4 == 0:  # both along K in memory: the CPU's dot-product kernel
+        first = codes[0] if isinstance(codes, list) else codes
+        decls = first.gemm_decls
+        decls = decls.replace("var<storage, read> a: array<f32>", "var<storage, read> a: array<vec4<f32>>")
+        decls = decls.replace("var<storage, read> b: array<f32>", "var<storage, read> b: array<vec4<f32>>")
+        split, ks = _split_of(first.wgsl)
+        st = first.gemm_store
+        offsets = (_batch_offset(batch_shape, a.shape, "a_el") + "\n" + _batch_offset(batch_shape, b.shape, "b_el")
+                   + "\n    let a_off = a_el / 4u;\n    let b_off = b_el / 4u;")
+        wgsl = render("mm_dot_cpu", BINDINGS=decls, M=m_, N=n_, K=k_, SPLIT=split, KS=ks, STORE=st, OFFSETS=offsets)
+        first.variants = {"cpu": (wgsl, (8, 8, 1), (-(-n_ // 32), -(-m_ // 32), batches * split))}
+    return codes
+
+
+def _split_of(wgsl: str) -> tuple:
+    import re
+
+    split = int(re.search(r"const SPLIT: u32 = (\d+)u;", wgsl).group(1))
+    ks = int(re.search(r"const KS: u32 = (\d+)u;", wgsl).group(1))
+    return split, ks
