@@ -48,11 +48,13 @@ def _wtype(dtype):
 
 
 class _Bindings:
-    """Binding slots of one kernel: one per buffer, unless a slot of its own is asked for."""
+    """Binding slots of one kernel: one per buffer, unless a slot of its own is asked for.
+    Slots below `shared_from` are not handed out again (a GEMM's loads keep theirs, so a
+    split-K sum kernel can run the store with the store's bindings alone)."""
 
     def __init__(self, graph, storage):
         self.g, self.storage, self.slots = graph, storage, []  # slots: [storage, access]
-        self.shared_from = 0  # slots below this are not shared by later use()s (a GEMM's loads)
+        self.shared_from = 0
 
     def st(self, i):
         return self.storage.get(i, i)

@@ -188,7 +188,7 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     them read), the others to store() (the output, and an epilogue's inputs).
     `k_contiguous`: whether A and B are laid out along K in memory (how to stage them).
     `vec4`: per operand None, or (mode, body of load_a4(g, m, k) / load_b4(g, k, n) -> vec4,
-    reading a binding declared array<vec4<f32>>) for the 128-tile kernel (see _stage128).
+    reading a binding declared array<vec4<f32>>), used by every tile size (see _stage128, _stage_small).
     `conv`: the loads compute im2col windows (the plan steps K differently)."""
     tile, bk, split = gemm_plan(m, n, k, groups, conv)
     big = tile == 128
@@ -275,12 +275,13 @@ def matmul(sched: Schedule, k: Kernel) -> KernelCode:
     batch_shape = n.shape[:-2]
     bind = _Bindings(g, sched.storage)
     names, load_prelude = {}, False
-    loads = []
+    loads, offsets = [], []
     for op, i, (s_row, s_col) in (("a", n.inputs[0], ("m", "k")), ("b", n.inputs[1], ("k", "n"))):
         x = base_of(g, i)
         strides = (sam, sak) if op == "a" else (sbk, sbn)
         at = f"off + {s_row} * {strides[0]}u + {s_col} * {strides[1]}u"
         offset = _batch_offset(batch_shape, g.nodes[i].shape, "off")
+        offsets.append(offset)
         prologue = prologue_load(sched, k, x, at, bind)
         if prologue is None:
             names[len(bind.slots)] = op
@@ -309,8 +310,7 @@ def matmul(sched: Schedule, k: Kernel) -> KernelCode:
     # 16-byte loads where a tile entry's 4 values (or 4 consecutive k) are contiguous and
     # aligned: every row and batch offset is then a multiple of 4
     vec4 = [None, None]
-    off_a = _batch_offset(batch_shape, a.shape, "off")
-    off_b = _batch_offset(batch_shape, b.shape, "off")
+    off_a, off_b = offsets
     if "a" not in names:
         pass  # computed by a prologue: nothing to read 16 bytes at a time
     elif sam == 1 and m_ % 4 == 0 and k_ > 0:

@@ -249,9 +249,8 @@ def _bind_strided(sched: Schedule, bind: _Bindings, i: int) -> tuple:
     return st[0], st[1], st[2]
 
 
-# key ranges of at least this many keys when attention splits them (bench/gemm_policy.py,
-# H200: 257 tokens 61.9 us with 128, 40.7 with 32)
-# split keys until about `fill` workgroups run, when there are at least `min_keys`
+# attention splits its keys into ranges of at least `min_split_keys` (H200: 257 tokens 61.9 us
+# with 128, 40.7 with 32) until about `fill` workgroups run, when there are at least `min_keys`
 # (bench/gemm_policy.py on the H200: SmolVLA's 163 keys 57 -> 32 us; 1,500 tokens 364 us at
 # 256 workgroups, 301 at 1,024, but the partial softmaxes then took Whisper-tiny's training
 # step from 267.6 to 277.0 MB, over PyTorch's 268.7: 512 keeps it at 267.9)

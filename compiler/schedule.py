@@ -430,8 +430,9 @@ def _fuse_epilogues(graph, kernels, users, live, pinned):
             continue
         if any(nodes[r].size != nodes[m].size for r in ek.roots):
             continue
-        if len((ek.reads - {m}) | ker.reads) + len(ek.roots) + 2 > MAX_BINDINGS:
-            continue
+        if len((ek.reads - {m}) | ker.reads) + len(ek.roots) + 2 > MAX_BINDINGS \
+                or (len(ker.members) > 1 and len(ek.reads - {m}) + len(ker.reads) + len(ek.roots) > MAX_BINDINGS):
+            continue  # (a prologue's reads have slots of their own: the store never shares them)
         ker.epilogue, ker.product = set(ek.members), m
         ker.roots = list(ek.roots)
         ker.reads = (ker.reads | ek.reads) - {m}
@@ -466,10 +467,11 @@ def _gemm_prologue(graph, readers, sources, users, live) -> bool:
     time an element is staged, instead of being stored between them: no tensor (the input
     a convolution's weight gradient needs in the backward pass, kept since the forward),
     no kernel. Other readers must be elementwise (or reductions) at the same index. Not
-    when the chain's stored tensor is a product that only elementwise code reads: the chain
-    is then that product's epilogue, computed once instead of in every load."""
+    when the chain's stored tensor is a matmul's product that only elementwise code reads:
+    the chain is then that matmul's epilogue (_fuse_epilogues), computed once instead of in
+    every load."""
     for b in sources:
-        if graph.nodes[b].op in GEMM_PROLOGUE_INPUTS and all(
+        if graph.nodes[b].op == "matmul" and all(
                 is_elementwise(graph.nodes[u].op) and flat_read(graph, u, p) for u, p in _readers(graph, b, users, live)):
             return False
     gemm = False

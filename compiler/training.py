@@ -95,10 +95,7 @@ def train_mode(forward: Graph, momentum_default: float = 0.1) -> Graph:
 
     from .ir import make_attrs
 
-    # nodes are frozen and weight arrays never written in place: share both, copy the containers
-    g = Graph(nodes=list(forward.nodes), outputs=dict(forward.outputs), assigns=dict(forward.assigns),
-              values=dict(forward.values), frozen=set(forward.frozen), named=dict(forward.named),
-              by_op={op: dict(v) for op, v in forward.by_op.items()})
+    g = forward.copy()
     e = Emitter(g)
     updates = {}
     for i, n in enumerate(list(g.nodes)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 import threading
@@ -321,6 +322,10 @@ def _read_file(path) -> memoryview:
                 if n <= 0:
                     raise OSError(f"the file ended at byte {a} of {size} while being read")
                 a += n
+        if not hasattr(os, "preadv"):  # Windows: one read
+            if f.readinto(view) != size:
+                raise OSError(f"the file changed size while being read (expected {size} bytes)")
+            return view
         if len(parts) <= 1:
             for a, b in parts:
                 read(a, b)
@@ -333,7 +338,7 @@ def _read_file(path) -> memoryview:
 
 def _on_threads(tasks, errors: list):
     """Run callables on up to 8 threads (the caller's included; zlib and os.preadv release
-    the GIL); collect their OSErrors."""
+    the GIL); collect their errors (a worker stops at its first)."""
     it, lock = iter(tasks), threading.Lock()
 
     def work():
@@ -344,8 +349,9 @@ def _on_threads(tasks, errors: list):
                 return
             try:
                 task()
-            except OSError as exc:
+            except BaseException as exc:  # noqa: BLE001  (handed to the caller)
                 errors.append(exc)
+                return
     threads = [threading.Thread(target=work, daemon=True) for _ in range(min(len(tasks), min(8, os.cpu_count() or 1)) - 1)]
     for t in threads:
         t.start()
@@ -367,7 +373,10 @@ def _check_blob(blob: memoryview, ck: dict):
         a, b = ranges[c]
         if zlib.crc32(blob[a:b]) != want[c]:
             bad.append(c)
-    _on_threads([lambda c=c: check(c) for c in range(len(ranges))], [])
+    errors = []
+    _on_threads([lambda c=c: check(c) for c in range(len(ranges))], errors)
+    if errors:
+        raise errors[0]
     if bad:
         a, b = ranges[min(bad)]
         _fail(f"damaged weights: bytes {a}-{b} of the weights blob fail their checksum "
@@ -388,7 +397,7 @@ def _load_weights(blob: memoryview, m: dict) -> dict:
         _fail(f"damaged weights: safetensors header length {n} exceeds the blob")
     try:
         header = json.loads(bytes(blob[8:8 + n]))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise PackageError(f"damaged weights: unreadable safetensors header ({exc})") from None
     if not isinstance(header, dict):
         _fail("damaged weights: the safetensors header is not a map")
@@ -398,13 +407,14 @@ def _load_weights(blob: memoryview, m: dict) -> dict:
             continue
         w = f"weights[{name!r:.80}]"
         _dict(e, w)
-        dtype = {"F32": np.float32, "I32": np.int32}.get(_key(e, "dtype", w))
+        name_of = _key(e, "dtype", w)
+        dtype = {"F32": np.float32, "I32": np.int32}.get(name_of) if isinstance(name_of, str) else None
         if dtype is None:
-            _fail(f"{w}: dtype {e['dtype']!r:.20} is not F32 or I32")
+            _fail(f"{w}: dtype {name_of!r:.20} is not F32 or I32")
         shape = [_int(d, f"{w}.shape", 0, 1 << 32) for d in _list(_key(e, "shape", w), f"{w}.shape", 8)]
         offsets = _list(_key(e, "data_offsets", w), f"{w}.data_offsets", 2)
         a, b = (_int(o, f"{w}.data_offsets", 0, len(data)) for o in offsets) if len(offsets) == 2 else (-1, -1)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)  # Python ints: no wrap-around
         if a < 0 or b - a != 4 * count:
             _fail(f"{w}: data_offsets {offsets!r:.60} do not hold {count} values of 4 bytes")
         arr = np.frombuffer(data, dtype, count, a).reshape(shape)

@@ -17,7 +17,7 @@ from .device import default_device, fresh_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
 from .package import DTYPES, Package, PackageError
 
-LOAD_THREADS = 16  # most threads that make pipelines at load (NVIDIA: ~15 ms of driver time each, cold)
+LOAD_THREADS = 16  # most threads per pool at load: pipelines (NVIDIA: ~15 ms of driver time each, cold), bind groups
 SKIPPED = "optimizer.skipped_steps"  # state counter of training steps rejected for NaN/inf
 
 _LIMIT_NAMES = {  # manifest name -> wgpu limit name
@@ -80,7 +80,12 @@ class Session:
                 if pending is not None:
                     pending(quiet=True)
             raise
-        self.kernels, groups = pipelines(), groups()
+        try:
+            self.kernels = pipelines()
+        except BaseException:
+            groups(quiet=True)
+            raise
+        groups = groups()
         self.programs = {}
         for name, p in m["programs"].items():
             steps = []
@@ -433,28 +438,21 @@ class Session:
 
 def _in_background(calls: dict):
     """Start key -> (fn, *args) calls on up to LOAD_THREADS threads; returns finish(quiet=False)
-    -> key -> result, which waits for them. Drivers compile pipelines on the calling thread
-    and allow several at once (NVIDIA: ~15 ms each, cold; lavapipe, 2 cores: DINOv2's 118
-    kernels 0.40 -> 0.20 s on threads). After any error the calls are redone one by one, so
-    that the error raised is the first one's."""
-    def in_order():
-        return {key: fn(*args) for key, (fn, *args) in calls.items()}
+    -> key -> result, which waits for them and raises the error of the first call (in key
+    order) that failed; quiet: cancels what has not started and returns nothing. Drivers
+    compile pipelines on the calling thread and allow several at once (NVIDIA: ~15 ms each,
+    cold; lavapipe, 2 cores: DINOv2's 118 kernels 0.40 -> 0.20 s on threads)."""
     workers = min(LOAD_THREADS, os.cpu_count() or 1)
     if workers <= 1 or len(calls) <= 8:
-        return lambda quiet=False: {} if quiet else in_order()
+        return lambda quiet=False: {} if quiet else {key: fn(*args) for key, (fn, *args) in calls.items()}
     from concurrent.futures import ThreadPoolExecutor
 
     pool = ThreadPoolExecutor(workers, thread_name_prefix="meganeura-load")
     futures = {key: pool.submit(fn, *args) for key, (fn, *args) in calls.items()}
 
     def finish(quiet=False):
-        pool.shutdown(wait=True)
-        if quiet:
-            return {}
-        try:
-            return {key: f.result() for key, f in futures.items()}
-        except Exception:  # noqa: BLE001  (the same calls again, in order, raise the first error)
-            return in_order()
+        pool.shutdown(wait=True, cancel_futures=quiet)
+        return {} if quiet else {key: f.result() for key, f in futures.items()}
     return finish
 
 

@@ -175,3 +175,25 @@ def test_attention_reads_head_transposes_in_place(device_class, device):
                .transpose(1, 2) for n in "qkv")
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).numpy()
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
+
+
+@pytest.mark.parametrize("k", [24, 3000])  # one pass; split-K (partials, then a sum running the store)
+@pytest.mark.parametrize("device_class", ["cpu", "gpu"])
+def test_matmul_prologues(k, device_class, device, monkeypatch):
+    """With GEMM prologues on, GELU(x * g + b) and ReLU(w) are computed in the matmul's loads
+    (A and B), not stored: same numbers as the interpreter."""
+    from meganeura.compiler import run_graph, schedule
+
+    monkeypatch.setattr(schedule, "GEMM_PROLOGUES", dict(schedule.GEMM_PROLOGUE_INPUTS))
+    rng = np.random.default_rng(k)
+    b = Builder()
+    x, w = b.input("x", (37, k)), b.input("w", (k, 20))
+    a = b.gelu(x * b.param("g", rng.standard_normal(k)) + b.param("b", rng.standard_normal(k)))
+    b.output("y", b.matmul(a, b.relu(w)) * (1 / np.sqrt(k)))
+    model = b.build()
+    pkg = Package.from_bytes(compile_model(model))
+    assert any(kk["label"].startswith("matmul(prologue)") for kk in pkg.manifest["kernels"])
+    vals = {"x": rng.standard_normal((37, k)), "w": rng.standard_normal((k, 20))}
+    got = Session(device, pkg, device_class=device_class).run("infer", vals)["y"]
+    ref = run_graph(model.graph, vals)[0]["y"]
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5

@@ -162,10 +162,16 @@ def test_compiles_pause_the_cycle_collector_and_restore_its_state(monkeypatch):
     assert gc.isenabled()
     compile_model(_model(), TrainConfig(loss="mse", optimizer="sgd"))
     assert seen == [False, False] and gc.isenabled()
+    def failing(g):
+        raise RuntimeError("a compiler bug")
+    monkeypatch.setattr(compile_mod, "schedule", failing)
+    with pytest.raises(RuntimeError):
+        compile_model(_model(), TrainConfig(loss="mse", optimizer="sgd"))
+    assert gc.isenabled()  # back on after an error too
     gc.disable()
     try:
-        with pytest.raises(TypeError):
-            compile_model(_model(), TrainConfig(loss="mse", optimizer="sgd"), bogus=1)
+        with pytest.raises(RuntimeError):
+            compile_model(_model(), TrainConfig(loss="mse", optimizer="sgd"))
         assert not gc.isenabled()  # a caller's own choice survives, errors included
     finally:
         gc.enable()

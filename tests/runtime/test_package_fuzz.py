@@ -479,3 +479,29 @@ def test_a_file_read_in_many_parts_equals_its_bytes(good, tmp_path, monkeypatch)
     path.write_bytes(good[:-7])
     with pytest.raises(PackageError, match="truncated"):
         Package.load(path)
+
+
+@pytest.mark.parametrize("entry", [{"dtype": ["F32"]}, {"shape": [1 << 32, 1 << 32]}, {"dtype": None}],
+                         ids=["dtype-list", "shape-overflow", "dtype-none"])
+def test_odd_safetensors_headers_are_package_errors(good, entry):
+    """The runtime parses the blob's safetensors header itself: values of the wrong type or
+    shapes whose element count overflows 64 bits are named, never a TypeError or a reshape."""
+    m, blob = split(good)
+    (n,) = struct.unpack_from("<Q", blob, 0)
+    header = json.loads(blob[8:8 + n])
+    name = next(k for k in header if k != "__metadata__")
+    header[name].update(entry)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    new_blob = struct.pack("<Q", len(text)) + text + blob[8 + n:]
+    m["blob_checksum"]["values"] = b"".join(
+        struct.pack(">I", zlib.crc32(new_blob[o:o + m["blob_checksum"]["chunk_bytes"]]))
+        for o in range(0, len(new_blob), m["blob_checksum"]["chunk_bytes"]))
+    with pytest.raises(PackageError, match="weights"):
+        Package.from_bytes(seal(m, new_blob))
+    deep = struct.pack("<Q", 40000) + b"[" * 40000 + blob[8 + n:]
+    m["blob_checksum"]["values"] = b"".join(
+        struct.pack(">I", zlib.crc32(deep[o:o + m["blob_checksum"]["chunk_bytes"]]))
+        for o in range(0, len(deep), m["blob_checksum"]["chunk_bytes"]))
+    with pytest.raises(PackageError, match="weights"):
+        Package.from_bytes(seal(m, deep))
