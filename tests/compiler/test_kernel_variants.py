@@ -197,3 +197,21 @@ def test_matmul_prologues(k, device_class, device, monkeypatch):
     got = Session(device, pkg, device_class=device_class).run("infer", vals)["y"]
     ref = run_graph(model.graph, vals)[0]["y"]
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
+
+
+def test_convolution_on_128_tiles(device):
+    """A convolution big enough for 128x128 tiles (its im2col loads step K by 8): the GPU
+    variant against torch."""
+    import torch
+
+    from meganeura.compiler.codegen_gemm import gemm_plan
+
+    rng = np.random.default_rng(4)
+    assert gemm_plan(128, 2 * 128 * 128, 36, 1, conv=True)[:2] == (128, 8)
+    b = Builder()
+    x, w = b.input("x", (2, 4, 128, 128)), b.input("w", (128, 4, 3, 3))
+    b.output("y", b.conv2d(x, w, padding=(1, 1, 1, 1)))
+    X, W = rng.standard_normal((2, 4, 128, 128)), rng.standard_normal((128, 4, 3, 3))
+    got = Session(device, Package.from_bytes(compile_model(b.build())), device_class="gpu").run("infer", {"x": X, "w": W})
+    ref = torch.nn.functional.conv2d(torch.tensor(X), torch.tensor(W), padding=1).numpy()
+    assert np.abs(got["y"] - ref).max() / np.abs(ref).max() < 1e-5

@@ -123,3 +123,17 @@ def test_a_closed_session_says_so(device, package):
     session.close()
     with pytest.raises(RuntimeError, match="closed"):
         session.run("infer", {"x": np.zeros((8, 12))})
+
+
+def test_a_failed_load_leaves_no_thread_behind(device, package, monkeypatch):
+    """Pipelines and bind groups are made on threads beside the upload: an allocation that
+    fails mid-way raises its own error, and every load thread is gone when it does."""
+    import threading
+
+    from meganeura.runtime import session as session_module
+
+    monkeypatch.setattr(session_module, "LOAD_THREADS", 4)
+    assert len(package.manifest["kernels"]) > 8  # enough kernels for the threads to be used
+    with pytest.raises(GPUOutOfMemoryError):
+        Session(FailingDevice(device, 3), package)
+    assert not [t for t in threading.enumerate() if t.name.startswith("meganeura-load")]
