@@ -146,7 +146,14 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true",
                     help="also GPU time per dispatch, grouped by kernel label (bench.json's 'profile')")
     ap.add_argument("--smoke", action="store_true", help="tiny configurations; torch on the CPU without CUDA")
+    ap.add_argument("--gemm-prologues", action="store_true",
+                    help="compile with schedule.GEMM_PROLOGUES on (convolutions and matmuls compute the "
+                         "elementwise chain in front of them in their loads)")
     args = ap.parse_args(argv)
+    if args.gemm_prologues:
+        from meganeura.compiler import schedule
+
+        schedule.GEMM_PROLOGUES.update(schedule.GEMM_PROLOGUE_INPUTS)
     if args.budget is None:
         args.budget = 1.0 if args.smoke else 6.0
     unknown = set(args.only or ()) - set(WORKLOADS)
@@ -167,7 +174,8 @@ def main(argv=None):
             "wgpu": wgpu.__version__, "torch": torch.__version__, "cuda": torch.version.cuda,
             "torch_device": torch.cuda.get_device_name(0) if tdev == "cuda" else "cpu",
             "python": platform.python_version(), "features": sorted(device.features), "smoke": args.smoke,
-            "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch}
+            "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch,
+            "gemm_prologues": args.gemm_prologues}
     rows = []
     out = Path(args.out)
     for name, spec in WORKLOADS.items():
