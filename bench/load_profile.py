@@ -31,7 +31,6 @@ def _timed(cls, names, acc):
         setattr(cls, k, g)
 
 
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*")

@@ -24,6 +24,8 @@ import zlib
 
 import numpy as np
 
+from ..runtime.package import run_on_threads
+
 CHUNK = 16 << 20  # bytes per checksum chunk (a fixed part of the format: docs/PACKAGE.md)
 COPY = 64 << 20  # bytes per copy task
 POPULATE_THREADS = None  # threads faulting in a Reservation's pages (None: all cores but one, at most 7)
@@ -57,31 +59,6 @@ def cpus() -> int:
 def chunk_ranges(length: int) -> list:
     """[start, end) of each CHUNK of `length` bytes (one empty chunk for none)."""
     return [(o, min(length, o + CHUNK)) for o in range(0, length, CHUNK)] or [(0, 0)]
-
-
-def _run_tasks(tasks: list, threads: int):
-    """Run callables on `threads` threads (the caller's included); re-raise the first error."""
-    it, lock, errors = iter(tasks), threading.Lock(), []
-
-    def work():
-        while True:
-            with lock:
-                task = next(it, None)
-            if task is None:
-                return
-            try:
-                task()
-            except BaseException as exc:  # noqa: BLE001  (handed to the caller below)
-                errors.append(exc)
-                return
-    helpers = [threading.Thread(target=work, daemon=True) for _ in range(max(0, min(threads, len(tasks)) - 1))]
-    for t in helpers:
-        t.start()
-    work()
-    for t in helpers:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 _handoff = {"users": 0, "saved": None, "lock": threading.Lock()}
@@ -162,7 +139,7 @@ class Blob:
 
         def run():
             try:
-                _run_tasks(tasks, max(1, cpus() - 1))
+                run_on_threads(tasks, max(1, cpus() - 1))
             finally:
                 _quick_handoff(False)
         self._thread = threading.Thread(target=run, name="blob checksums", daemon=True)
@@ -219,7 +196,7 @@ class Reservation:
         addr = _bytes_address(self.ptr)
         step = POPULATE_STEP  # short calls: each holds the process's memory-map lock
         parts = [(addr + o, min(step, size - o)) for o in range(0, size, step)]
-        self._thread = threading.Thread(target=_run_tasks, args=(
+        self._thread = threading.Thread(target=run_on_threads, args=(
             [lambda a=a, n=n: _touch(a, n) for a, n in parts], POPULATE_THREADS or max(1, cpus() - 1)),
             name="package pages", daemon=True)
         self._thread.start()
@@ -258,7 +235,7 @@ def package_bytes(head_of, blob: Blob, tail_of, reservation: Reservation | None 
         addr = _bytes_address(ctypes.c_void_p(ptr))
         copied = []
         tasks = [lambda t=t: (_memmove(*t), copied.append(t[2])) for t in blob.copies(addr + head_len)]
-        _run_tasks(tasks, cpus())
+        run_on_threads(tasks, cpus())
         head = head_of(blob.checksums())
         tail = tail_of(head)
         if len(head) != head_len or len(tail) != tail_len or sum(copied) != blob.length:

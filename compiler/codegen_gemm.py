@@ -249,6 +249,18 @@ def prologue_load(sched: Schedule, k: Kernel, x: int, at: str, bind: _Bindings):
     return "\n".join([f"    let idx = {at};"] + coords + body + [f"    return f32({values[x]});"]), uses_prelude
 
 
+def load_operand(sched: Schedule, k: Kernel, bind: _Bindings, names: dict, x: int, name: str, at: str):
+    """(WGSL returning operand `x`'s element at flat index `at`, whether it uses the prelude):
+    read from a binding of its own, recorded as `name` in `names` (slot -> name), or computed
+    by a prologue when the kernel holds its chain (see prologue_load)."""
+    prologue = prologue_load(sched, k, x, at, bind)
+    if prologue is not None:
+        return prologue
+    names[len(bind.slots)] = name
+    bind.use(x, own=True)
+    return f"    return {name}[{at}];", False
+
+
 def _batch_offset(batch_shape, src_shape, var):
     """WGSL for the element offset of batch `g` within an operand with (broadcast) batch dims."""
     terms = []
@@ -282,14 +294,9 @@ def matmul(sched: Schedule, k: Kernel) -> KernelCode:
         at = f"off + {s_row} * {strides[0]}u + {s_col} * {strides[1]}u"
         offset = _batch_offset(batch_shape, g.nodes[i].shape, "off")
         offsets.append(offset)
-        prologue = prologue_load(sched, k, x, at, bind)
-        if prologue is None:
-            names[len(bind.slots)] = op
-            bind.use(x, own=True)
-            loads.append(offset + f"\n    return {op}[{at}];")
-        else:
-            loads.append(offset + "\n" + prologue[0])
-            load_prelude |= prologue[1]
+        code, uses_prelude = load_operand(sched, k, bind, names, x, op, at)
+        loads.append(offset + "\n" + code)
+        load_prelude |= uses_prelude
     load_a, load_b = loads
     n_load = len(bind.slots)
     bind.shared_from = n_load

@@ -10,7 +10,7 @@ Groups are the GEMM's batch dimension.
 from __future__ import annotations
 
 from .codegen import WG, KernelCode, _Bindings, _strides, _temp_ids, grid, per_output
-from .codegen_gemm import igemm, prologue_load
+from .codegen_gemm import igemm, load_operand
 from .ops_nn import _conv_attrs, _pool_attrs
 from .schedule import Kernel, Schedule, base_of
 from .wgsl import render, template
@@ -72,13 +72,8 @@ def _conv_with_input(sched, k, n, r, a, b, s, p, d, groups):
     nb, c, h, wd = x
     bind, names = _Bindings(g, sched.storage), {}
     x_at = f"((nb * {c}u + g * {c // groups}u + ci) * {h}u + u32(iy)) * {wd}u + u32(ix)"
-    pro = prologue_load(sched, k, base_of(g, n.inputs[0]), x_at, bind)
-    if pro is None:
-        names[len(bind.slots)] = "a"
-        bind.use(base_of(g, n.inputs[0]), own=True)
-        read_x, prelude = f"    return a[{x_at}];", ""
-    else:
-        read_x, prelude = pro[0], (template("prelude") + "\n" if pro[1] else "")
+    read_x, uses_prelude = load_operand(sched, k, bind, names, base_of(g, n.inputs[0]), "a", x_at)
+    prelude = template("prelude") + "\n" if uses_prelude else ""
     names[len(bind.slots)] = "b"
     bind.use(base_of(g, n.inputs[1]), own=True)
     n_load = len(bind.slots)
@@ -86,7 +81,7 @@ def _conv_with_input(sched, k, n, r, a, b, s, p, d, groups):
     names[len(bind.slots)] = "c"
     bind.use(r, write=True, own=True)
     names = [names.get(j, f"t{j}") for j in range(len(bind.slots))]
-    label = n.op if pro is None else n.op + "(prologue)"
+    label = n.op if "a" in names else n.op + "(prologue)"
     window = [  # the input pixel an output pixel and a tap read (zero in the padding)
         f"    let iy = i32(oy * {s[0]}u + ky * {d[0]}u) - {p[0]};",
         f"    let ix = i32(ox * {s[1]}u + kx * {d[1]}u) - {p[1]};",

@@ -314,7 +314,6 @@ def _read_file(path) -> memoryview:
         size = os.fstat(fd).st_size
         view = memoryview(np.empty(size, np.uint8))  # untouched pages (a bytearray zero-fills them)
         parts = [(o, min(size, o + READ_STEP)) for o in range(0, size, READ_STEP)]
-        errors = []
 
         def read(a, b):
             while a < b:
@@ -326,20 +325,15 @@ def _read_file(path) -> memoryview:
             if f.readinto(view) != size:
                 raise OSError(f"the file changed size while being read (expected {size} bytes)")
             return view
-        if len(parts) <= 1:
-            for a, b in parts:
-                read(a, b)
-            return view
-        _on_threads([lambda a=a, b=b: read(a, b) for a, b in parts], errors)
-        if errors:
-            raise errors[0]
+        run_on_threads([lambda a=a, b=b: read(a, b) for a, b in parts])
         return view
 
 
-def _on_threads(tasks, errors: list):
-    """Run callables on up to 8 threads (the caller's included; zlib and os.preadv release
-    the GIL); collect their errors (a worker stops at its first)."""
-    it, lock = iter(tasks), threading.Lock()
+def run_on_threads(tasks, threads: int | None = None):
+    """Run callables on `threads` threads (the caller's included; default: the cores, at
+    most 8) and re-raise the first error; a thread stops at its own. Their work must release
+    the GIL to gain (zlib, os.preadv, memmove, madvise do). The compiler uses it too."""
+    it, lock, errors = iter(tasks), threading.Lock(), []
 
     def work():
         while True:
@@ -349,15 +343,18 @@ def _on_threads(tasks, errors: list):
                 return
             try:
                 task()
-            except BaseException as exc:  # noqa: BLE001  (handed to the caller)
+            except BaseException as exc:  # noqa: BLE001  (handed to the caller below)
                 errors.append(exc)
                 return
-    threads = [threading.Thread(target=work, daemon=True) for _ in range(min(len(tasks), min(8, os.cpu_count() or 1)) - 1)]
-    for t in threads:
+    n = threads if threads is not None else min(8, os.cpu_count() or 1)
+    helpers = [threading.Thread(target=work, daemon=True) for _ in range(max(0, min(n, len(tasks)) - 1))]
+    for t in helpers:
         t.start()
     work()
-    for t in threads:
+    for t in helpers:
         t.join()
+    if errors:
+        raise errors[0]
 
 
 def _check_blob(blob: memoryview, ck: dict):
@@ -373,10 +370,7 @@ def _check_blob(blob: memoryview, ck: dict):
         a, b = ranges[c]
         if zlib.crc32(blob[a:b]) != want[c]:
             bad.append(c)
-    errors = []
-    _on_threads([lambda c=c: check(c) for c in range(len(ranges))], errors)
-    if errors:
-        raise errors[0]
+    run_on_threads([lambda c=c: check(c) for c in range(len(ranges))])
     if bad:
         a, b = ranges[min(bad)]
         _fail(f"damaged weights: bytes {a}-{b} of the weights blob fail their checksum "

@@ -52,9 +52,12 @@ class Session:
         self._layouts = {}
         self.device_class = device_class or (
             "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu")
-        chosen = [d.get("variants", {}).get(self.device_class, d) for p in m["programs"].values()
-                  for d in p["dispatches"]]
-        used = {c["kernel"] for c in chosen}
+        # each dispatch as this device class runs it, and its bind group's key (layout, buffers):
+        # pooled scratch makes many dispatches bind alike, and those share one bind group
+        chosen = {name: [(d, (tuple(m["kernels"][d["kernel"]]["access"]), tuple(d["buffers"])))
+                         for d in ({**d, **d.get("variants", {}).get(self.device_class, {})} for d in p["dispatches"])]
+                  for name, p in m["programs"].items()}
+        used = {d["kernel"] for steps in chosen.values() for d, _ in steps}
         # the driver compiles pipelines, and makes bind groups, on threads while this one
         # uploads the weights
         todo = [(i, k) for i, k in enumerate(m["kernels"]) if i in used]
@@ -64,11 +67,9 @@ class Session:
         groups = None
         try:
             self.buffers = self._allocate(m["buffers"])
-            binds = {}  # (layout, buffers) -> first dispatch using it: pooled scratch makes many alike
-            for name, p in m["programs"].items():
-                for j, d in enumerate(p["dispatches"]):
-                    d = {**d, **d.get("variants", {}).get(self.device_class, {})}
-                    key = (tuple(m["kernels"][d["kernel"]]["access"]), tuple(d["buffers"]))
+            binds = {}  # bind group key -> the first dispatch using it
+            for name, steps in chosen.items():
+                for j, (_, key) in enumerate(steps):
                     binds.setdefault(key, (self._bind_group, name, j, *key))
             groups = _in_background(binds)
             with self._gpu("uploading the weights"):
@@ -87,15 +88,12 @@ class Session:
             raise
         groups = groups()
         self.programs = {}
-        for name, p in m["programs"].items():
-            steps = []
-            for d in p["dispatches"]:
-                d = {**d, **d.get("variants", {}).get(self.device_class, {})}
-                pipeline, _ = self.kernels[d["kernel"]]
-                group = groups[(tuple(m["kernels"][d["kernel"]]["access"]), tuple(d["buffers"]))]
-                steps.append((pipeline, group, tuple(d["workgroups"]),
-                              getattr(pipeline, "_internal", None), getattr(group, "_internal", None)))
-            self.programs[name] = steps
+        for name, steps in chosen.items():
+            self.programs[name] = []
+            for d, key in steps:
+                pipeline, group = self.kernels[d["kernel"]][0], groups[key]
+                self.programs[name].append((pipeline, group, tuple(d["workgroups"]),
+                                            getattr(pipeline, "_internal", None), getattr(group, "_internal", None)))
         self._staging = {}
         self._batch = (m.get("batch") or {}).get("size")
         self._skip_counter = pkg.tensor(SKIPPED, "state")  # None: compiled without the NaN guard
@@ -246,9 +244,10 @@ class Session:
         steps = self._steps(program)[start:stop]
         with self._gpu(f"recording {program}"):
             cpass = encoder.begin_compute_pass(**(pass_kwargs or {}))
-            handle = getattr(cpass, "_internal", None) if _RAW_CALLS else None
+            raw = _raw()
+            handle = getattr(cpass, "_internal", None) if raw else None
             if handle is not None:
-                _record_raw(handle, steps)
+                _record_raw(raw, handle, steps)
             else:
                 set_pipeline, set_group = cpass.set_pipeline, cpass.set_bind_group
                 dispatch, last = cpass.dispatch_workgroups, None
@@ -471,11 +470,19 @@ def _raw_calls():
         return None
 
 
-_RAW_CALLS = _raw_calls()
+_UNSET = object()
+_RAW_CALLS = _UNSET  # looked up at the first record(): importing the runtime loads no wgpu
 
 
-def _record_raw(handle, steps):
-    set_pipeline, set_group, dispatch, null = _RAW_CALLS
+def _raw():
+    global _RAW_CALLS
+    if _RAW_CALLS is _UNSET:
+        _RAW_CALLS = _raw_calls()
+    return _RAW_CALLS
+
+
+def _record_raw(raw, handle, steps):
+    set_pipeline, set_group, dispatch, null = raw
     last = None
     for _, _, (x, y, z), pipeline, group in steps:
         if pipeline != last:

@@ -152,7 +152,7 @@ def test_raw_encoding_matches_the_public_calls_and_still_reports_errors(device, 
 
     from meganeura.runtime import session as session_module
 
-    assert session_module._RAW_CALLS is not None  # wgpu-py 0.32's layout: the fast path is live
+    assert session_module._raw() is not None  # wgpu-py 0.32's layout: the fast path is live
     rng = np.random.default_rng(3)
     batch = {"x": rng.standard_normal((16, 12)).astype(np.float32),
              "labels": rng.integers(0, 7, 16).astype(np.int32)}
