@@ -88,7 +88,8 @@ def generate(sched: Schedule, kernel: Kernel) -> KernelCode:
         return _elementwise(sched, kernel)
     from . import codegen_gemm, codegen_nn
 
-    kinds = {"matmul": codegen_gemm.matmul, "reduce": _reduce, "softmax": _softmax, "norm": _norm,
+    kinds = {"matmul": codegen_gemm.matmul, "reduce": _reduce, "count_nonfinite": _count_nonfinite,
+             "softmax": _softmax, "norm": _norm,
              "attention": codegen_nn.attention, "conv": codegen_nn.conv,
              "pool": codegen_nn.pool, "gather": codegen_nn.gather}
     return kinds[kernel.kind](sched, kernel)
@@ -156,7 +157,7 @@ def ew_code(sched: Schedule, members, roots, bind: "_Bindings", given: dict | No
         at = dict(n.attrs)
         if isinstance(low, dict):
             low = low[at.get("to", at.get("approximate", "none"))]
-        fmt = {"exponent": f32_literal(at["exponent"])} if "exponent" in at else {}
+        fmt = {k: f32_literal(at[k]) for k in ("exponent", "keep", "take", "eps") if k in at}
         if "{i_last}" in low:
             fmt["i_last"] = coord(n.shape)[-1]
         expr = low.format(*[operand(m, p) for p in range(len(n.inputs))], **fmt)
@@ -257,14 +258,53 @@ def _reduce(sched: Schedule, k: Kernel):
     inner = int(np.prod(shape[axes[-1] + 1:], dtype=np.int64))
     nz = len(k.roots)
     is_max = n.op == "reduce_max"
-    init = f32_literal(float("-inf")) if is_max else "0.0"
-    combine = "fn combine(a: f32, b: f32) -> f32 { return " + ("max(a, b)" if is_max else "a + b") + "; }"
     label = n.op if nz == 1 else f"{n.op} x{nz}"
     split = reduce_split(outer, red, inner, nz)
     bind = _Bindings(g, sched.storage)
     out_bind = bind if split == 1 else _Bindings(g, sched.storage)
     loads, stores, uses_prelude = _reduce_io(sched, k, bind, out_bind)
-    pick_load = _pick("load(which: u32, idx: u32) -> f32", [f"return load{j}(idx);" for j in range(nz)])
+    loads.append(_pick("load(which: u32, idx: u32) -> f32", [f"return load{j}(idx);" for j in range(nz)]))
+    return _reduction((outer, red, inner, nz, split), is_max, bind, out_bind, loads, stores, uses_prelude, label)
+
+
+def _count_nonfinite(sched: Schedule, k: Kernel):
+    """The NaN guard's count of non-finite elements over several tensors (a step's gradients),
+    as one sum over their elements one after the other: a dispatch (two when split) per
+    group of tensors, not a reduction each (686 for SD-1.5). The count ignores order, so
+    each tensor's buffer is read as it lies."""
+    g = sched.graph
+    (r,) = k.roots
+    bind = _Bindings(g, sched.storage)
+    out_bind = bind
+    pieces, start = [], 0
+    for x in g.nodes[r].inputs:
+        size = g.nodes[x].size
+        if size:
+            pieces.append((start, start + size, bind.use(base_of(g, x))))
+            start += size
+    lines = [f"    if (idx < {end}u) {{ return mn_nonfinite({name}[idx - {lo}u]); }}" for lo, end, name in pieces[:-1]]
+    if pieces:
+        lo, _, name = pieces[-1]
+        lines.append(f"    return mn_nonfinite({name}[idx - {lo}u]);")
+    else:
+        lines.append("    return 0.0;")
+    load = "fn load(which: u32, idx: u32) -> f32 {\n" + "\n".join(lines) + "\n}"
+    red = max(start, 1)
+    split = reduce_split(1, red, 1)
+    if split > 1:
+        out_bind = _Bindings(g, sched.storage)
+    store = f"{out_bind.use(r, write=True)}[idx] = v;"
+    return _reduction((1, red, 1, 1, split), False, bind, out_bind, [load], [store], True,
+                      f"count_nonfinite x{len(pieces)}")
+
+
+def _reduction(geometry, is_max, bind, out_bind, loads, stores, uses_prelude, label):
+    """The kernel(s) of `nz` reductions of [outer, red, inner] over axis 1, given their
+    load(which, idx) functions and store statements; `split` > 1: partials, then a pass
+    combining them."""
+    outer, red, inner, nz, split = geometry
+    init = f32_literal(float("-inf")) if is_max else "0.0"
+    combine = "fn combine(a: f32, b: f32) -> f32 { return " + ("max(a, b)" if is_max else "a + b") + "; }"
     pick_store = _pick("store(which: u32, idx: u32, v: f32)", stores)
     slots = bind.list()
     if split == 1:
@@ -276,8 +316,7 @@ def _reduce(sched: Schedule, k: Kernel):
                 "fn emit(z: u32, s: u32, idx: u32, v: f32) { "
                 f"partial[(z * {split}u + s) * {outer * inner}u + idx] = v; }}")
         tail = []
-    decls = "\n".join([bind.decls(), render("prelude") if uses_prelude else "", combine, *loads, pick_load,
-                       *tail, emit])
+    decls = "\n".join([bind.decls(), render("prelude") if uses_prelude else "", combine, *loads, *tail, emit])
     holes = {"BINDINGS": decls, "OUTER": outer, "R": red, "S": split, "RS": -(-red // split), "INIT": init,
              "COMBINE": "combine"}
     suffix = "" if split == 1 else "/split"

@@ -422,3 +422,4 @@ row("mse", _mse_shape, _mse_ref, _g_mse, ("decompose", _d_mse))
 NOT_DIFFERENTIABLE = {"input", "param", "state", "constant", "const", "eq", "step", "gelu_grad", "cast", "one_hot", "nonfinite"}
 
 from . import ops_nn  # noqa: E402,F401  (registers the neural-network rows)
+from . import ops_optim  # noqa: E402,F401  (registers the optimizer rows)

@@ -78,13 +78,15 @@ def attach_optimizer(g: Graph, loss: int, cfg: TrainConfig) -> Graph:
     grads = gradients(e, loss, list(trainable.values()))
     if cfg.clip_norm is not None:
         grads = _clip(e, grads, cfg.clip_norm)
+    ok = _all_finite(e, loss, grads) if cfg.skip_nonfinite else e.const(1.0)
     lr = e.leaf("state", "optimizer.lr", (), "f32", np.float32(cfg.lr))
+    guarded = set()  # assigns that keep their old value when ok is 0 by themselves
     if cfg.optimizer == "sgd":
         _sgd(e, trainable, grads, lr, cfg)
     else:
-        _adamw(e, trainable, grads, lr, cfg)
+        guarded = _adamw(e, trainable, grads, lr, cfg, ok)
     if cfg.skip_nonfinite:
-        _reject_nonfinite(e, loss, grads)
+        _reject_nonfinite(e, ok, guarded)
     return g
 
 
@@ -137,19 +139,36 @@ def _clip(e, grads, max_norm):
     return {k: e.op("mul", gid, scale) for k, gid in grads.items()}
 
 
-def _reject_nonfinite(e, loss, grads):
-    """Gate every assign on the loss and all gradients being finite, on the GPU: a bad
-    batch leaves weights, optimizer and norm statistics as they were, and counts itself
-    in the state "optimizer.skipped_steps"."""
-    counts = [e.op("nonfinite", loss)]
-    counts += [e.op("reduce_sum", e.op("nonfinite", gid), axes=tuple(range(len(e.shape(gid)))), keepdims=False)
-               for gid in grads.values()]
+# tensors per count_nonfinite kernel: with its output and its partial sums, within the
+# 10 storage bindings a kernel may use (schedule.MAX_BINDINGS)
+COUNT_GROUP = 8
+
+
+def _all_finite(e, loss, grads):
+    """1 when the loss and every gradient are finite, else 0: computed on the GPU."""
+    groups, elements = [[loss]], 1
+    for gid in grads.values():  # elements are indexed by u32 across a group: keep under 2^31
+        size = math.prod(e.shape(gid))
+        if len(groups[-1]) == COUNT_GROUP or elements + size >= 1 << 31:
+            groups.append([])
+            elements = 0
+        groups[-1].append(gid)
+        elements += size
+    counts = [e.op("count_nonfinite", *group) for group in groups]
     while len(counts) > 1:  # a balanced tree: few dependent kernels, each within the binding limit
         counts = [e.op("add", a, b) for a, b in zip(counts[::2], counts[1::2])] + counts[len(counts) & ~1:]
-    ok = e.op("eq", counts[0], e.const(0.0))
+    return e.op("eq", counts[0], e.const(0.0))
+
+
+def _reject_nonfinite(e, ok, guarded):
+    """Gate every assign on `ok` (the loss and all gradients finite): a bad batch leaves
+    weights, optimizer and norm statistics as they were, and counts itself in the state
+    "optimizer.skipped_steps". Assigns in `guarded` select their old value themselves."""
     g = e.g
     params = g.params  # (a property that walks the graph: once)
     for name, new in list(g.assigns.items()):
+        if name in guarded:
+            continue
         old = params[name] if name in params else g.named[("state", name)]
         g.assigns[name] = e.op("where", ok, new, old)
     skipped = e.leaf("state", "optimizer.skipped_steps", (), "f32")
@@ -171,7 +190,9 @@ def _sgd(e, params, grads, lr, cfg):
         e.g.assigns[name] = e.op("sub", p, e.op("mul", gr, lr))
 
 
-def _adamw(e, params, grads, lr, cfg):
+def _adamw(e, params, grads, lr, cfg, ok):
+    """AdamW as torch.optim.AdamW (decoupled weight decay); returns the assigns it made,
+    which keep their old values when `ok` is 0."""
     b1, b2 = cfg.betas
     wd = 0.01 if cfg.weight_decay is None else cfg.weight_decay
     step = e.leaf("state", "optimizer.step", (), "f32")
@@ -183,16 +204,17 @@ def _adamw(e, params, grads, lr, cfg):
     step_size = e.op("div", lr, c1)
     sqrt_c2 = e.op("sqrt", c2)
     decay = e.op("sub", e.const(1.0), e.scale(lr, wd))
+    guarded = set()
     for name, p in params.items():
         gr = grads.get(p)
         if gr is None:
             continue
         m = e.leaf("state", f"optimizer.{name}.exp_avg", e.shape(p))
         v = e.leaf("state", f"optimizer.{name}.exp_avg_sq", e.shape(p))
-        m2 = e.op("add", e.scale(m, b1), e.scale(gr, 1 - b1))
-        v2 = e.op("add", e.scale(v, b2), e.scale(e.op("mul", gr, gr), 1 - b2))
-        denom = e.op("add", e.op("div", e.op("sqrt", v2), sqrt_c2), e.const(cfg.eps))
-        upd = e.op("mul", e.op("div", m2, denom), step_size)
-        e.g.assigns[name] = e.op("sub", e.op("mul", p, decay), upd)
-        e.g.assigns[f"optimizer.{name}.exp_avg"] = m2
-        e.g.assigns[f"optimizer.{name}.exp_avg_sq"] = v2
+        m2 = e.op("moving_average", m, gr, ok, keep=b1, take=1 - b1)
+        v2 = e.op("moving_average", v, e.op("mul", gr, gr), ok, keep=b2, take=1 - b2)
+        new = e.op("adamw_update", p, m2, v2, step_size, sqrt_c2, decay, ok, eps=cfg.eps)
+        for key, value in ((name, new), (f"optimizer.{name}.exp_avg", m2), (f"optimizer.{name}.exp_avg_sq", v2)):
+            e.g.assigns[key] = value
+            guarded.add(key)
+    return guarded

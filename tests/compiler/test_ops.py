@@ -16,7 +16,7 @@ Non-differentiable ops (eq, step, cast, one_hot) get forward-only checks against
 the gradient helper ops (gelu_grad, silu_grad, conv2d_weight_grad, max/avg_pool2d_grad,
 scatter_add) against torch autograd of the op they differentiate.
 
-The cases live in op_cases.py and op_cases_nn.py; test_op_table.py reads CASES and FWD_CASES
+The cases live in op_cases.py, op_cases_nn.py and op_cases_optim.py; test_op_table.py reads CASES and FWD_CASES
 here and fails when an op of the table has no case.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from meganeura.compiler.builder import Builder
 from meganeura.compiler.interpret import run_graph
 
 import op_cases_nn  # noqa: F401  (adds the layer cases to the lists)
+import op_cases_optim  # noqa: F401  (adds the optimizer cases)
 from op_cases import CASES, FWD_CASES, TINY, Case, _rng, normal
 
 INTERP_TOL = 1e-9  # float64 interpreter vs torch float64
