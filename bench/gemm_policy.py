@@ -24,10 +24,11 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
 ]
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
 _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True}
-_BIG = {"big_bk": 16, "prefetch": True, "vec4_loads": True, "big_bk_conv": 8}
+_BIG = {"big_bk": 16, "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
 GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings; the first is the default
-    "F, 16-byte loads in every tile size": {**_F, **_BIG, "vec4_small_tiles": True},
-    "F, 16-byte loads in 128-tiles only": {**_F, **_BIG, "vec4_small_tiles": False},
+    "F": {**_F, **_BIG, "spread_a": False, "spread_b": False},
+    "F, 128-tiles: B groups 64 apart": {**_F, **_BIG, "spread_a": False, "spread_b": True},
+    "F, 128-tiles: A and B groups 64 apart": {**_F, **_BIG, "spread_a": True, "spread_b": True},
 }
 ITERS = 100
 ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 256},
@@ -132,8 +133,16 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--smoke", action="store_true", help="two small cases, three runs each (CPU rasterisers)")
+    ap.add_argument("--big-only", action="store_true", help="only the GEMMs on 128-tiles; no attention")
     args = ap.parse_args(argv)
     global GEMMS, ATTENTIONS, ITERS
+    if args.big_only:
+        from meganeura.compiler.codegen_gemm import gemm_plan
+
+        GEMMS = [g for g in GEMMS if gemm_plan(g[0] if g[3] != "conv3x3" else g[1],
+                                               g[2] if g[3] != "conv3x3" else g[0] * g[2] ** 2, g[1], 1,
+                                               g[3] == "conv3x3")[0] == 128]
+        ATTENTIONS = []
     if args.smoke:
         GEMMS, ATTENTIONS, ITERS = [(33, 40, 20, "gelu"), (20, 600, 30, "bias"), (1, 4, 6, "conv3x3")], [(1, 2, 40, 300, 8)], 3
     from meganeura.compiler import codegen_gemm, codegen_nn

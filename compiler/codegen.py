@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ops import OPS
-from .schedule import Kernel, Schedule, base_of, flat_read
+from .schedule import Kernel, Schedule, base_of, flat_read, reduce_geometry
 from .wgsl import f32_literal, render, template
 
 WG = 256  # threads per workgroup in 1-D kernels
@@ -251,11 +251,7 @@ def _reduce(sched: Schedule, k: Kernel):
     under few outputs is split: partials per slice, then a pass combining them."""
     g = sched.graph
     n = g.nodes[k.roots[0]]
-    shape = g.nodes[n.inputs[0]].shape
-    axes = sorted(a % len(shape) for a in n.attr("axes"))
-    outer = int(np.prod(shape[:axes[0]], dtype=np.int64))
-    red = int(np.prod(shape[axes[0]:axes[-1] + 1], dtype=np.int64))
-    inner = int(np.prod(shape[axes[-1] + 1:], dtype=np.int64))
+    outer, red, inner, wrap = reduce_geometry(g.nodes[n.inputs[0]].shape, n.attr("axes"))
     nz = len(k.roots)
     is_max = n.op == "reduce_max"
     label = n.op if nz == 1 else f"{n.op} x{nz}"
@@ -263,7 +259,12 @@ def _reduce(sched: Schedule, k: Kernel):
     bind = _Bindings(g, sched.storage)
     out_bind = bind if split == 1 else _Bindings(g, sched.storage)
     loads, stores, uses_prelude = _reduce_io(sched, k, bind, out_bind)
-    loads.append(_pick("load(which: u32, idx: u32) -> f32", [f"return load{j}(idx);" for j in range(nz)]))
+    pick = _pick("load(which: u32, idx: u32) -> f32", [f"return load{j}(idx);" for j in range(nz)])
+    if wrap:  # the templates walk [outer, red]: map (output, reduced element) to where it lies
+        pick = pick.replace("-> f32 {", f"-> f32 {{\n    let idx = ((at % {red}u) / {wrap}u) * {outer * wrap}u + "
+                            f"(at / {red}u) * {wrap}u + at % {wrap}u;", 1).replace("(which: u32, idx: u32)",
+                                                                                "(which: u32, at: u32)", 1)
+    loads.append(pick)
     return _reduction((outer, red, inner, nz, split), is_max, bind, out_bind, loads, stores, uses_prelude, label)
 
 

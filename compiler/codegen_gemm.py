@@ -32,14 +32,33 @@ def _inner(tg: int) -> str:
 
 
 INNER = {tg: _inner(tg) for tg in (8, 16)}
+def _halves128(op: str, spread: bool) -> tuple:
+    """Tile entries of a thread's two groups of 4 rows (A) or columns (B): side by side
+    (8 in a row), or 64 apart (`spread`: neighbouring threads read neighbouring 16-byte
+    entries, one pass through workgroup memory per 8 threads instead of two)."""
+    lid = "lid.y" if op == "a" else "lid.x"
+    return (f"{lid}", f"16u + {lid}") if spread else (f"{lid} * 2u", f"{lid} * 2u + 1u")
+
+
 def _inner128(bk: int) -> str:
     """igemm128.wgsl's unrolled K step: BK rows of the tiles, 64 multiply-adds each."""
+    (al, ah), (bl, bh) = _halves128("a", GEMM_PLAN["spread_a"]), _halves128("b", GEMM_PLAN["spread_b"])
     return "\n".join(
-        f"        let a{kk}l = a_tile[{kk * 32}u + lid.y * 2u];\n        let a{kk}h = a_tile[{kk * 32}u + lid.y * 2u + 1u];\n"
-        f"        let b{kk}l = b_tile[{kk * 32}u + lid.x * 2u];\n        let b{kk}h = b_tile[{kk * 32}u + lid.x * 2u + 1u];\n"
+        f"        let a{kk}l = a_tile[{kk * 32}u + {al}];\n        let a{kk}h = a_tile[{kk * 32}u + {ah}];\n"
+        f"        let b{kk}l = b_tile[{kk * 32}u + {bl}];\n        let b{kk}h = b_tile[{kk * 32}u + {bh}];\n"
         + "\n".join(f"        acc{r}l = acc{r}l + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}l;\n"
                     f"        acc{r}h = acc{r}h + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}h;" for r in range(8))
         for kk in range(bk))
+
+
+def _stores128() -> dict:
+    """igemm128.wgsl's result stores: row r of the 8 (A's groups), columns of B's groups."""
+    sa, sb = GEMM_PLAN["spread_a"], GEMM_PLAN["spread_b"]
+    stores = "\n".join(
+        f"    store(g, slice, r + {r % 4 + (64 if sa else 4) * (r >= 4)}u, "
+        f"c + {(64 if sb else 4) * (h == 'h') + i}u, acc{r}{h}.{comp});"
+        for r in range(8) for h in "lh" for i, comp in enumerate("xyzw"))
+    return {"STORES": stores, "ROW_STEP": 4 if sa else 8, "COL_STEP": 4 if sb else 8}
 
 
 def _stage128(bk: int, k_contiguous, vec4=(None, None)) -> dict:
@@ -91,9 +110,6 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None)) -> dict:
 
 
 ACC128 = "\n".join(f"    var acc{r}{h} = vec4<f32>(0.0);" for r in range(8) for h in "lh")
-STORES128 = "\n".join(
-    f"    store(g, slice, r + {r}u, c + {4 * (h == 'h') + i}u, acc{r}{h}.{comp});"
-    for r in range(8) for h in "lh" for i, comp in enumerate("xyzw"))
 
 
 # GEMM shape plan, from bench/gemm_policy.py on the H200 (bench/results): when 64-tiles
@@ -102,7 +118,8 @@ STORES128 = "\n".join(
 # `slice_min`; either is split further until about `fill` workgroups run.
 GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
              "big_bk": 16, "prefetch": True,  # 128-tiles: 4096^3 5.44 -> 4.42 ms with both (bench/REJECTED.md)
-             "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}  # convolutions' im2col loads: 284 us with 8, 307 with 16
+             "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True,  # convolutions' im2col loads: 284 us with 8, 307 with 16
+             "spread_a": False, "spread_b": True}  # 128-tiles: a thread's 4-column groups 64 apart: 4096^3 3.89 -> 3.73 ms
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
@@ -209,7 +226,7 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     if big:
         modes = [v[0] if v and GEMM_PLAN["vec4_loads"] else None for v in vec4]
         wgsl = render("igemm128", COMMON=_vec4_common(common, decls, st, contract, modes, vec4), ACC_DECL=ACC128,
-                      STORES=STORES128, **_stage128(bk, k_contiguous, modes))
+                      **_stores128(), **_stage128(bk, k_contiguous, modes))
     else:
         modes = [v[0] if v and GEMM_PLAN["vec4_loads"] and GEMM_PLAN["vec4_small_tiles"] else None for v in vec4]
         wgsl = render("igemm", COMMON=_vec4_common(common, decls, st, contract, modes, vec4),

@@ -106,6 +106,32 @@ def _d_batch_norm(e, n):
     return e.op("add", e.op("mul", y, _channel_param(e, w, rank)), _channel_param(e, b, rank))
 
 
+def _g_batch_norm(e, n, i, g):
+    """In training mode the closed form: with xhat = (x - mean) * invstd and y = xhat * w + b,
+    dx = w * invstd * (g - sum(g) / count - xhat * sum(g * xhat) / count), whose two sums are
+    the bias's and the weight's gradients. Differentiating the decomposition took four
+    reductions (each two kernels over NCHW's scattered axes) where these take two. The
+    forward's own nodes (mean, xhat) are re-emitted and merged with it by prepare()."""
+    if not n.attr("training"):
+        return _via(e, n, i, g)
+    x, w, _, _, _ = n.inputs
+    xs = e.shape(x)
+    rank = len(xs)
+    axes = tuple(a for a in range(rank) if a != 1)
+    count = math.prod(xs[a] for a in axes)
+    mu = _mean(e, x, axes)
+    d = e.op("sub", x, mu)
+    var = _mean(e, e.op("mul", d, d), axes)
+    invstd = e.op("pow", e.op("add", var, e.const(n.attr("eps", 1e-5))), exponent=-0.5)
+    xhat = e.op("mul", d, invstd)
+    gb = e.op("reduce_sum", g, axes=axes, keepdims=True)
+    gw = e.op("reduce_sum", e.op("mul", g, xhat), axes=axes, keepdims=True)
+    centered = e.op("sub", e.op("sub", g, e.scale(gb, 1.0 / count)), e.op("mul", xhat, e.scale(gw, 1.0 / count)))
+    gx = e.op("mul", e.op("mul", _channel_param(e, w, rank), invstd), centered)
+    c = xs[1]
+    return [gx, e.reshape(gw, (c,)), e.reshape(gb, (c,)), None, None]
+
+
 def _batch_norm_ref(xs, at):
     x, w, b, rm, rv = xs
     shape = (1, -1) + (1,) * (x.ndim - 2)
@@ -121,7 +147,7 @@ def _batch_norm_ref(xs, at):
 row("layer_norm", _same, _layer_norm_ref, _via, ("kernel", "norm", _d_layer_norm))
 row("rms_norm", _same, _rms_norm_ref, _via, ("kernel", "norm", _d_rms_norm))
 row("group_norm", _same, _group_norm_ref, _via, ("decompose", _d_group_norm))
-row("batch_norm", _same, _batch_norm_ref, _via, ("decompose", _d_batch_norm))
+row("batch_norm", _same, _batch_norm_ref, _g_batch_norm, ("decompose", _d_batch_norm))
 
 # -------------------------------------------------------------------- attention
 

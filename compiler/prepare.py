@@ -11,6 +11,7 @@ import numpy as np
 from .emit import Emitter
 from .ir import Graph, Node, make_attrs
 from .ops import OPS
+from .schedule import reduce_geometry
 
 
 def prepare(graph: Graph) -> Graph:
@@ -28,7 +29,8 @@ def prepare(graph: Graph) -> Graph:
             return low[1](e, node)
         if node.op == "attention" and not _fused_attention_fits(node, out):
             return low[2](e, node)
-        if node.op in ("reduce_sum", "reduce_max") and not _adjacent(node, out.nodes[node.inputs[0]].shape):
+        if node.op in ("reduce_sum", "reduce_max") and \
+                reduce_geometry(out.nodes[node.inputs[0]].shape, node.attr("axes")) is None:
             return _split_reduce(e, node, node.inputs[0])
         key = (node.op, node.dtype, node.shape, node.inputs, node.attrs)
         if node.op in ("input", "param", "state", "constant"):
@@ -71,11 +73,6 @@ def prepare(graph: Graph) -> Graph:
     return out
 
 
-def _adjacent(n: Node, shape) -> bool:
-    axes = sorted(a % len(shape) for a in n.attr("axes"))
-    return bool(axes) and axes == list(range(axes[0], axes[0] + len(axes)))
-
-
 def _fused_attention_fits(n: Node, g: Graph) -> bool:
     """The fused attention kernel covers: no extra mask, equal query and value head dims of
     4k up to 256, and a causal mask only when every query sees at least one key."""
@@ -84,18 +81,10 @@ def _fused_attention_fits(n: Node, g: Graph) -> bool:
     return len(n.inputs) == 3 and d % 4 == 0 and d <= 256 and v[3] == d and not (n.attr("causal") and k[2] < q[2])
 
 
-def _reduce_dims(n: Node, shape):
-    axes = sorted(a % len(shape) for a in n.attr("axes"))
-    outer = int(np.prod(shape[:axes[0]], dtype=np.int64))
-    red = int(np.prod(shape[axes[0]:axes[-1] + 1], dtype=np.int64))
-    inner = int(np.prod(shape[axes[-1] + 1:], dtype=np.int64))
-    return axes, outer, red, inner
-
-
 @functools.cache
 def _split_reduce(e: Emitter, n: Node, x: int) -> int:
-    """A reduction over non-adjacent axes becomes one reduction per run of adjacent axes,
-    so each kernel sees [outer, reduced, inner]."""
+    """A reduction over scattered axes that one kernel cannot walk (see reduce_geometry)
+    becomes one reduction per run of adjacent axes."""
     rank = len(e.shape(x))
     axes = sorted(a % rank for a in n.attr("axes"))
     runs, cur = [], []

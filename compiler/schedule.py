@@ -325,12 +325,29 @@ def _keep_in_registers(graph, kernels, users, live, pinned):
             ker.roots = keep
 
 
+def reduce_geometry(shape, axes) -> tuple | None:
+    """(outer, reduced, inner, wrap) of a reduction over `axes` as one kernel runs it, or None
+    when it takes several (prepare() splits it). Adjacent axes: [outer, reduced, inner], wrap 0.
+    Axes around one run of kept ones (batch norm's (0, 2, 3) of NCHW): outer = the kept run's
+    elements, reduced = all the others, inner = 1, and the reduced element r of output o lies
+    at (r / wrap) * outer * wrap + o * wrap + r % wrap (wrap: the elements after the kept run)."""
+    rank = len(shape)
+    axes = sorted(a % rank for a in axes)
+    if not axes:
+        return None
+    if axes == list(range(axes[0], axes[-1] + 1)):
+        return math.prod(shape[:axes[0]]), math.prod(shape[axes[0]:axes[-1] + 1]), math.prod(shape[axes[-1] + 1:]), 0
+    kept = [a for a in range(rank) if a not in axes]
+    if kept != list(range(kept[0], kept[-1] + 1)):
+        return None
+    wrap = math.prod(shape[kept[-1] + 1:])
+    return math.prod(shape[kept[0]:kept[-1] + 1]), math.prod(shape[:kept[0]]) * wrap, 1, wrap
+
+
 def _reduce_geometry(graph, r):
-    """(op, outer, reduced, inner) of a reduction node: equal geometries share a kernel."""
+    """(op, outer, reduced, inner, wrap) of a reduction node: equal geometries share a kernel."""
     n = graph.nodes[r]
-    shape = graph.nodes[n.inputs[0]].shape
-    axes = sorted(a % len(shape) for a in n.attr("axes"))
-    return (n.op, math.prod(shape[:axes[0]]), math.prod(shape[axes[0]:axes[-1] + 1]), math.prod(shape[axes[-1] + 1:]))
+    return (n.op, *reduce_geometry(graph.nodes[n.inputs[0]].shape, n.attr("axes")))
 
 
 def _merge_kept_reductions(graph, kernels, users, live):

@@ -32,7 +32,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
 {{INNER_LOOP}}
         workgroupBarrier();
     }
-    let r = row0 + lid.y * 8u;
-    let c = col0 + lid.x * 8u;
+    let r = row0 + lid.y * {{ROW_STEP}}u;
+    let c = col0 + lid.x * {{COL_STEP}}u;
 {{STORES}}
 }

@@ -188,7 +188,9 @@ REDUCE_AXES = [((3, 5, 17), (2,)), ((3, 5, 17), (0,)), ((3, 5, 17), (1,)), ((3, 
                ((2, 3, 5, 7), (0, 2)), ((2, 3, 5, 7), (1, 3)), ((2, 3, 5, 7), (0, 3)),
                ((3, 300), (1,)), ((300, 3), (0,)), ((7, 13), (0, 1)), ((5, 1, 7), (1,)),
                # long axes under few outputs: split into slices and a combining pass
-               ((3, 9001), (1,)), ((2, 1501, 7), (1,)), ((1500, 40), (0,)), ((3, 700001), (1,))]
+               ((3, 9001), (1,)), ((2, 1501, 7), (1,)), ((1500, 40), (0,)), ((3, 700001), (1,)),
+               # around one kept run, in one kernel: batch norm's statistics (split), and a kept middle pair
+               ((16, 8, 30, 30), (0, 2, 3)), ((5, 4, 3, 2), (0, 1, 3))]
 for _op, _bf, _tf in (("reduce_sum", "sum", lambda x, ax, kd: torch.sum(x, dim=ax, keepdim=kd)),
                       ("reduce_max", "max", lambda x, ax, kd: torch.amax(x, dim=ax, keepdim=kd))):
     for _s, _ax in REDUCE_AXES:

@@ -215,3 +215,26 @@ def test_convolution_on_128_tiles(device):
     got = Session(device, Package.from_bytes(compile_model(b.build())), device_class="gpu").run("infer", {"x": X, "w": W})
     ref = torch.nn.functional.conv2d(torch.tensor(X), torch.tensor(W), padding=1).numpy()
     assert np.abs(got["y"] - ref).max() / np.abs(ref).max() < 1e-5
+
+
+@pytest.mark.parametrize("spread", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("name", ["tiles_of_128_k_contiguous", "tiles_of_128_vec4_k_batched"])
+def test_128_tiles_with_spread_thread_groups(name, spread, device, monkeypatch):
+    """GEMM_PLAN spread_a / spread_b: a thread's two 4-row / 4-column groups 64 apart (both
+    plans are timed by bench/gemm_policy.py; each must give the same answers)."""
+    from meganeura.compiler import codegen_gemm
+
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "spread_a", spread[0])
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "spread_b", spread[1])
+    sa, sb, ta, tb = CASES[name]
+    rng = np.random.default_rng(3)
+    b = Builder()
+    b.output("c", b.matmul(b.input("a", sa), b.input("b", sb), trans_a=ta, trans_b=tb))
+    pkg = Package.from_bytes(compile_model(b.build()))
+    kernels = [k["wgsl"] for k in pkg.manifest["kernels"] if k["label"].startswith("matmul")]
+    assert any("b_tile[0u + 16u + lid.x]" in k for k in kernels) == spread[1]
+    assert any("a_tile[0u + 16u + lid.y]" in k for k in kernels) == spread[0]
+    A, B = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
+    ref = np.matmul(np.swapaxes(A, -1, -2) if ta else A.astype(np.float64), np.swapaxes(B, -1, -2) if tb else B)
+    got = Session(device, pkg, device_class="gpu").run("infer", {"a": A, "b": B})["c"]
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
