@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 
 from .emit import Emitter
 from .ir import Graph, Node, make_attrs
