@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 
-
 from .emit import Emitter
 from .ir import Graph, Node, make_attrs
 from .ops import OPS
