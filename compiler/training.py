@@ -109,9 +109,13 @@ def train_mode(forward: Graph, momentum_default: float = 0.1) -> Graph:
         axes = tuple(a for a in range(len(shape)) if a != 1)
         count = int(np.prod([shape[a] for a in axes]))
         mom = n.attr("momentum", momentum_default)
-        mean = e.scale(e.op("reduce_sum", x, axes=axes, keepdims=False), 1.0 / count)
-        d = e.op("sub", x, e.reshape(mean, (1, shape[1]) + (1,) * (len(shape) - 2)))
-        var = e.scale(e.op("reduce_sum", e.op("mul", d, d), axes=axes, keepdims=False), 1.0 / max(count - 1, 1))
+        # the statistics as the normalisation computes them (keepdims, the same nodes), so
+        # that prepare() merges them: recomputed apart, they kept each input alive to the end
+        mean_kept = e.scale(e.op("reduce_sum", x, axes=axes, keepdims=True), 1.0 / count)
+        d = e.op("sub", x, mean_kept)
+        mean = e.reshape(mean_kept, (shape[1],))
+        var = e.reshape(e.scale(e.op("reduce_sum", e.op("mul", d, d), axes=axes, keepdims=True),
+                                1.0 / max(count - 1, 1)), (shape[1],))
         for leaf, stat in ((rm, mean), (rv, var)):  # running = (1 - momentum) running + momentum batch
             name = g.nodes[leaf].attr("name")
             if g.nodes[leaf].op == "param":

@@ -10,7 +10,7 @@ import pytest
 import torch
 from harness import check_forward, check_training_step, state_dict_numpy
 from meganeura.compiler import compile_model
-from meganeura.compiler.models.resnet import resnet18, resnet50
+from meganeura.compiler.models.resnet import BASIC, resnet, resnet18, resnet50
 from meganeura.compiler.training import TrainConfig
 from torch import nn
 
@@ -174,3 +174,24 @@ def test_resnet50_full_size_compiles():
     package, total, stages = timed_compile(model, TrainConfig(loss="cross_entropy", optimizer="adamw"))
     print(f"\nresnet50 224x224: build {build:.2f} s, compile (infer + adamw train_step) {total:.2f} s, "
           f"stages {stages}, package {len(package) / 2**20:.1f} MiB")
+
+
+def test_batch_norm_running_statistics_after_a_step(device):
+    """A training step moves every batch norm's running mean and (unbiased) variance toward
+    the batch's as torch's train() forward does (momentum 0.1); lr 0 keeps the weights."""
+    from meganeura.runtime import Package, Session
+
+    gen = torch.Generator().manual_seed(3)
+    ref = ResNet(BasicBlock, [1, 1, 1, 1], 5, 8)
+    randomize_bn(ref, gen)
+    sd = state_dict_numpy(ref)
+    model = resnet(BASIC, (1, 1, 1, 1), batch=2, image_size=48, num_classes=5, width=8, weights=sd)
+    x = np.random.default_rng(4).standard_normal((2, 3, 48, 48))
+    session = Session(device, Package.from_bytes(compile_model(model, TrainConfig(loss="cross_entropy", lr=0.0))))
+    session.run("train_step", {"x": x, "labels": np.array([1, 3])})
+    ref.double().train()(torch.tensor(x))
+    got = session.weights(only=["*running_*"])
+    assert len(got) == 2 * sum(isinstance(m, nn.BatchNorm2d) for m in ref.modules())
+    want = {k: v.numpy() for k, v in ref.state_dict().items() if "running_" in k}
+    errs = {k: float(np.abs(got[k] - want[k]).max() / np.abs(want[k]).max()) for k in got}
+    assert max(errs.values()) < 1e-5, errs
