@@ -226,10 +226,11 @@ def reduce_split(outer: int, red: int, inner: int, roots: int = 1) -> int:
     leave the GPU mostly idle walking a long axis (bias and norm-weight gradients: a few
     hundred outputs over thousands of rows, 0.1 ms each, half of a training step)."""
     if _by_rows(red, inner):  # a workgroup per (row, slice), >= 2048 elements each
-        if outer * roots >= 256 or red < 4096:
+        if red < 4096:
             return 1
         # ~2,000 workgroups: the NaN guard sums whole gradients to one count each (SD-1.5:
-        # 14.7 M elements); 64 slices left the H200 at a fifth of its bandwidth
+        # 14.7 M elements); 64 slices left the H200 at a fifth of its bandwidth. Batch norm's
+        # statistics over [16, 256, 56, 56] are 256 rows of 50,176: unsplit, 8.6 ms a ResNet-50 step
         s = min(-(-2048 // (outer * roots)), red // 2048, 1024)
     else:  # columns: a thread per (output, slice), >= 32 rows each
         if outer * inner * roots >= 32768 or red < 64:
@@ -237,6 +238,11 @@ def reduce_split(outer: int, red: int, inner: int, roots: int = 1) -> int:
         s = min(-(-65536 // (outer * inner * roots)), red // 32, 256)
     s = max(1, s)
     return -(-red // -(-red // s))  # no empty slice
+
+
+# a split reduction's combining pass takes a workgroup per output below this many outputs: one
+# thread summing 1,024 partials took 68 us per NaN-guard count (SmolLM2's step: 2.3 ms)
+PARTIALS_BY_ROWS = 128
 
 
 def _by_rows(red: int, inner: int) -> bool:
@@ -334,10 +340,14 @@ def _reduction(geometry, is_max, bind, out_bind, loads, stores, uses_prelude, la
                  for b, line in enumerate(out_bind.decls().splitlines())]
     decls2 = "\n".join(["@group(0) @binding(0) var<storage, read> partial: array<f32>;", *out_decls, combine,
                         pick_store])
-    second = KernelCode(render("reduce_partials", BINDINGS=decls2, OUTPUTS=outer * inner, S=split, INIT=init,
-                               COMBINE="combine"),
-                        (WG, 1, 1), [(temp, "read")] + out_bind.list(), (*grid(-(-outer * inner // WG))[:2], nz),
-                        label + "/combine")
+    outputs = outer * inner
+    holes = dict(BINDINGS=decls2, OUTPUTS=outputs, S=split, INIT=init, COMBINE="combine")
+    if outputs * nz < PARTIALS_BY_ROWS:  # few outputs of many slices: a workgroup each, not a thread
+        second = KernelCode(render("reduce_partials_rows", **holes), (64, 1, 1), [(temp, "read")] + out_bind.list(),
+                            (*grid(outputs)[:2], nz), label + "/combine")
+    else:
+        second = KernelCode(render("reduce_partials", **holes), (WG, 1, 1), [(temp, "read")] + out_bind.list(),
+                            (*grid(-(-outputs // WG))[:2], nz), label + "/combine")
     return [first, second]
 
 
