@@ -31,6 +31,11 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings; the first is the default
     "F, 128-tiles: A and B groups 64 apart": {**_F, **_BIG, "spread_a": True, "spread_b": True},
 }
 ITERS = 100
+# attention backward (dQ, dK, dV of one attention): Whisper-tiny, DINOv2, SD-1.5's first level (self, cross)
+ATTENTION_BACKWARDS = [(1, 6, 1500, 1500, 64), (1, 6, 257, 257, 64), (1, 8, 4096, 4096, 40), (1, 8, 4096, 77, 40)]
+ATTENTION_BWD_PLANS = {"scalar loads": {"vec4_loads": False, "budget": 32768},
+                       "16-byte loads": {"vec4_loads": True, "budget": 32768},
+                       "16-byte loads, 48 KiB blocks": {"vec4_loads": True, "budget": 49152}}
 ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 256},
                    "fill 1024": {"min_split_keys": 32, "fill": 1024, "min_keys": 256},
                    "fill 1024, from 64 keys": {"min_split_keys": 32, "fill": 1024, "min_keys": 64},
@@ -65,6 +70,34 @@ def _attention_model(b_, h, s, t, d):
     b.output("y", b.op("attention", q, k, v, causal=False))
     return b.build(), {n: rng.standard_normal(sh).astype(np.float32) for n, sh in
                        (("q", (b_, h, s, d)), ("k", (b_, h, t, d)), ("v", (b_, h, t, d)))}
+
+
+def _attention_backward_model(b_, h, s, t, d):
+    from meganeura.compiler import Builder
+    from meganeura.compiler.autodiff import gradients
+
+    rng = np.random.default_rng(0)
+    b = Builder()
+    q, k, v = b.input("q", (b_, h, s, d)), b.input("k", (b_, h, t, d)), b.input("v", (b_, h, t, d))
+    ct = b.input("ct", (b_, h, s, d))
+    y = b.op("attention", q, k, v, causal=False)
+    grads = gradients(b.e, b.sum(y * ct).id, [q.id, k.id, v.id])
+    b.output("y", y)
+    b.g.outputs.update(gq=grads[q.id], gk=grads[k.id], gv=grads[v.id])
+    shapes = {"q": (b_, h, s, d), "k": (b_, h, t, d), "v": (b_, h, t, d), "ct": (b_, h, s, d)}
+    return b.build(), {n: rng.standard_normal(sh).astype(np.float32) for n, sh in shapes.items()}
+
+
+def _torch_attention_backward(inputs):
+    import torch
+
+    q, k, v = (torch.tensor(inputs[n], device="cuda", requires_grad=True) for n in "qkv")
+    ct = torch.tensor(inputs["ct"], device="cuda")
+
+    def step():
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return torch.autograd.grad(y, (q, k, v), ct)
+    return step
 
 
 def _chain_model(length):
@@ -134,6 +167,7 @@ def main(argv=None):
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--smoke", action="store_true", help="two small cases, three runs each (CPU rasterisers)")
     ap.add_argument("--big-only", action="store_true", help="only the GEMMs on 128-tiles; no attention")
+    ap.add_argument("--attention-backward-only", action="store_true", help="only the attention backward cases")
     args = ap.parse_args(argv)
     global GEMMS, ATTENTIONS, ITERS
     if args.big_only:
@@ -143,7 +177,10 @@ def main(argv=None):
                                                g[2] if g[3] != "conv3x3" else g[0] * g[2] ** 2, g[1], 1,
                                                g[3] == "conv3x3")[0] == 128]
         ATTENTIONS = []
+    if args.attention_backward_only:
+        GEMMS, ATTENTIONS = [], []
     if args.smoke:
+        ATTENTION_BACKWARDS[:] = [(1, 2, 40, 30, 8)]
         GEMMS, ATTENTIONS, ITERS = [(33, 40, 20, "gelu"), (20, 600, 30, "bias"), (1, 4, 6, "conv3x3")], [(1, 2, 40, 300, 8)], 3
     from meganeura.compiler import codegen_gemm, codegen_nn
     from meganeura.runtime.device import default_device
@@ -180,6 +217,18 @@ def main(argv=None):
         print(json.dumps(row), flush=True)
         rows.append(row)
     codegen_nn.ATTENTION_PLAN.update(saved_a)
+    saved_b = dict(codegen_nn.ATTENTION_BWD_PLAN)
+    for shape in ATTENTION_BACKWARDS:
+        model, inputs = _attention_backward_model(*shape)
+        row = {"case": f"attention_backward {shape} (forward included)", "plans": {}}
+        for name, plan in ATTENTION_BWD_PLANS.items():
+            codegen_nn.ATTENTION_BWD_PLAN.update(plan)
+            row["plans"][name] = _ours(device, model, inputs)
+        codegen_nn.ATTENTION_BWD_PLAN.update(saved_b)
+        if cuda:
+            row["torch_us"] = _torch_us(_torch_attention_backward(inputs))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
     floor = {}
     for length in (1, 64):
         us, n = _ours(device, *_chain_model(length))

@@ -374,9 +374,18 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
     return [code, merged]
 
 
-def _loader(fn: str, buf: str) -> str:
+def _loader(fn: str, buf: str, vec4: bool = False) -> str:
+    """fn(base, c): vec4 c of the row at element `base`; `vec4`: `buf` is bound as
+    array<vec4<f32>> (rows of d % 4 == 0 elements start at multiples of 4: one 16-byte load)."""
+    if vec4:
+        return f"fn {fn}(base: u32, c: u32) -> vec4<f32> {{\n    return {buf}[base / 4u + c];\n}}"
     return (f"fn {fn}(base: u32, c: u32) -> vec4<f32> {{\n    let x = base + c * 4u;\n"
             f"    return vec4<f32>({buf}[x], {buf}[x + 1u], {buf}[x + 2u], {buf}[x + 3u]);\n}}")
+
+
+# the backward kernels' plan: `vec4_loads` reads q, k, v, o and dO 16 bytes at a time
+# `budget`: workgroup memory bytes the blocks may use (32 KiB: lavapipe's and mobile GPUs' limit)
+ATTENTION_BWD_PLAN = {"vec4_loads": False, "budget": 32768}
 
 
 def _score_tile(rt: int, ct: int, tx: int, width: int, lse: str, delta: str, p_store: bool, ind: str) -> str:
@@ -444,7 +453,7 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
     n = g.nodes[k.roots[0]]
     (b, h, s, d), (hk, t) = g.nodes[n.inputs[0]].shape, g.nodes[n.inputs[1]].shape[1:3]
     dv4, stride = d // 4, d // 4 + 1
-    (bq, bk), (bc, br) = backward_blocks(d)
+    (bq, bk), (bc, br) = backward_blocks(d, ATTENTION_BWD_PLAN["budget"])
     # fewer workgroups than an H200 has SMs: halve the blocks that count them (DINOv2-S at batch 1:
     # 54 -> 102 workgroups, 1.17x); with more, the bigger blocks' reuse wins
     bq = 16 if bq == 32 and -(-s // 32) * b * h < 132 else bq
@@ -459,9 +468,18 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
         for name, i in zip(names, ids):
             key = {"dout": "D"}.get(name, name.upper())
             subs.update(zip((f"{key}SB", f"{key}SH", f"{key}ST"), _bind_strided(sched, bind, i)))
-            loaders.append(_loader(f"{'do' if name == 'dout' else name}4", name))
+            loaders.append(_loader(f"{'do' if name == 'dout' else name}4", name, vec4))
         bind.use(n.inputs[5], own=True)  # lse
         return bind, list(names) + ["lse"], subs, "\n".join(loaders)
+
+    vec4 = ATTENTION_BWD_PLAN["vec4_loads"]
+
+    def declare(bind, names):
+        decls = bind.decls(names)
+        if vec4:
+            for name in ("q", "k", "v", "o", "dout"):
+                decls = decls.replace(f"var<storage, read> {name}: array<f32>;", f"var<storage, read> {name}: array<vec4<f32>>;")
+        return decls
 
     # dQ (and D) over query blocks: TY x TX threads, RT query rows and NCH vec4 columns of dQ each
     bind, names, subs, loaders = inputs(["q", "k", "v", "o", "dout"], n.inputs[:5])
@@ -477,7 +495,7 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
         names.append("dq")
         index = "((b * S + {row}) * H + h)" if wrt[0] in sched.written else "(bh * S + {row})"
         store = _store_rows("dq", rt, nch, tx, dv4, "i0 + ty * RT", "S", index, " * SCALE")
-    decls = bind.decls(names) + f"\n@group(0) @binding({len(names)}) var<storage, read_write> delta: array<f32>;"
+    decls = declare(bind, names) + f"\n@group(0) @binding({len(names)}) var<storage, read_write> delta: array<f32>;"
     tile = _score_tile(rt, bk // tx, tx, bk, "lse_t[row{r}]", "d_t[row{r}]", False, " " * 8) if rn else ""
     wgsl = render("attention_dq", BINDINGS=decls, LOADERS=loaders, BQ=bq, BK=bk, RT=rt, NT=ty * tx, TX=tx,
                   BQ_STR=bq * stride, BK_STR=bk * stride, BQ_BK=bq * bk, WANT_DQ=str(bool(rn)).lower(), TILE=tile,
@@ -507,7 +525,7 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
     store = "\n".join(_store_rows(name, rj, nch, tx, dv4, "j0 + ty * RJ", "T", "((b * T + {row}) * HK + hk)"
                                   if wrt[w] in sched.written else "(bhk * T + {row})", mul)
                       for w, name, mul in ((1, "dk", " * SCALE"), (2, "dv", "")) if w in wrt)
-    decls = bind.decls(names) + f"\n@group(0) @binding({len(names)}) var<storage, read> delta: array<f32>;"
+    decls = declare(bind, names) + f"\n@group(0) @binding({len(names)}) var<storage, read> delta: array<f32>;"
     tile = _score_tile(br // ty, bc // tx, tx, bc, "lse[bh * S + min(qi{r}, S - 1u)]",
                        "delta[bh * S + min(qi{r}, S - 1u)]", True, " " * 12)
     wgsl = render("attention_dkv", BINDINGS=decls, LOADERS=loaders, BC=bc, BR=br, RT=br // ty, RJ=rj, NT=ty * tx,
