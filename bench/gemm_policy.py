@@ -21,14 +21,17 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
     (4096, 4096, 4096, "none"), (4096, 4096, 4096, "plain"),  # "plain": x @ w with w [k, n], as bench/run.py's gemm_*
     (512, 576, 49152, "none"),  # SmolLM2's tied lm head
     (16, 64, 56, "conv3x3"),  # ResNet-50's stage-1 3x3 convolution at batch 16: (batch, channels, size)
+    (16, 64, 56, "conv3x3_grad"), (16, 256, 14, "conv3x3_grad"),  # ... forward and both gradients (stages 1, 3)
 ]
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
 _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True}
 _BIG = {"big_bk": 16, "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
 GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings; the first is the default
-    "F": {**_F, **_BIG, "spread_a": False, "spread_b": False},
-    "F, 128-tiles: B groups 64 apart": {**_F, **_BIG, "spread_a": False, "spread_b": True},
-    "F, 128-tiles: A and B groups 64 apart": {**_F, **_BIG, "spread_a": True, "spread_b": True},
+    "F": {**_F, **_BIG, "spread_a": False, "spread_b": False, "big_min_side": 0},
+    "F, 128-tiles: B groups 64 apart": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 0},
+    "F, 128-tiles: A and B groups 64 apart": {**_F, **_BIG, "spread_a": True, "spread_b": True, "big_min_side": 0},
+    "F, B groups 64 apart, 128-tiles only when M, N >= 128": {**_F, **_BIG, "spread_a": False, "spread_b": True,
+                                                              "big_min_side": 128},
 }
 ITERS = 100
 # attention backward (dQ, dK, dV of one attention): Whisper-tiny, DINOv2, SD-1.5's first level (self, cross)
@@ -47,10 +50,22 @@ def _gemm_model(m, k, n, epi):
 
     rng = np.random.default_rng(0)
     b = Builder()
-    if epi == "conv3x3":  # (batch, channels, size)
+    if epi.startswith("conv3x3"):  # (batch, channels, size)
         x = b.input("x", (m, k, n, n))
-        b.output("y", b.conv2d(x, b.param("w", rng.standard_normal((k, k, 3, 3)) / np.sqrt(9 * k)), padding=(1, 1, 1, 1)))
-        return b.build(), {"x": rng.standard_normal((m, k, n, n)).astype(np.float32)}
+        w = b.input("w", (k, k, 3, 3)) if epi == "conv3x3_grad" else \
+            b.param("w", rng.standard_normal((k, k, 3, 3)) / np.sqrt(9 * k))
+        y = b.conv2d(x, w, padding=(1, 1, 1, 1))
+        b.output("y", y)
+        inputs = {"x": rng.standard_normal((m, k, n, n)).astype(np.float32)}
+        if epi == "conv3x3_grad":
+            from meganeura.compiler.autodiff import gradients
+
+            ct = b.input("ct", y.shape)
+            grads = gradients(b.e, b.sum(y * ct).id, [x.id, w.id])
+            b.g.outputs.update(gx=grads[x.id], gw=grads[w.id])
+            inputs.update(w=(rng.standard_normal((k, k, 3, 3)) / np.sqrt(9 * k)).astype(np.float32),
+                          ct=rng.standard_normal(y.shape).astype(np.float32))
+        return b.build(), inputs
     x = b.input("x", (m, k))
     if epi == "plain":
         y = b.matmul(x, b.param("w", rng.standard_normal((k, n)) / np.sqrt(k)))
@@ -134,6 +149,10 @@ def _torch_gemm(x, params, epi):
         return lambda: x @ w
     if epi == "conv3x3":
         return lambda: f.conv2d(x, w, padding=1)
+    if epi == "conv3x3_grad":
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        ct = torch.ones(x.shape[0], w.shape[0], x.shape[2], x.shape[3], device="cuda")
+        return lambda: torch.autograd.grad(f.conv2d(xg, wg, padding=1), (xg, wg), ct)
     bias = torch.tensor(params["b"], dtype=torch.float32, device="cuda") if epi != "none" else None
     return (lambda: f.gelu(f.linear(x, w, bias))) if epi == "gelu" else (lambda: f.linear(x, w, bias))
 
@@ -173,9 +192,10 @@ def main(argv=None):
     if args.big_only:
         from meganeura.compiler.codegen_gemm import gemm_plan
 
-        GEMMS = [g for g in GEMMS if gemm_plan(g[0] if g[3] != "conv3x3" else g[1],
-                                               g[2] if g[3] != "conv3x3" else g[0] * g[2] ** 2, g[1], 1,
-                                               g[3] == "conv3x3")[0] == 128]
+        def conv(g):
+            return g[3].startswith("conv")
+        GEMMS = [g for g in GEMMS if gemm_plan(g[1] if conv(g) else g[0], g[0] * g[2] ** 2 if conv(g) else g[2],
+                                               g[1], 1, conv(g))[0] == 128]
         ATTENTIONS = []
     if args.attention_backward_only:
         GEMMS, ATTENTIONS = [], []
@@ -202,7 +222,7 @@ def main(argv=None):
             row["plans"][name] = _ours(device, model, inputs)
         codegen_gemm.GEMM_PLAN.update(saved_g)
         if cuda:
-            row["torch_us"] = _torch_us(_torch_gemm(inputs["x"], model.params, epi))
+            row["torch_us"] = _torch_us(_torch_gemm(inputs["x"], {**model.params, **inputs}, epi))
         print(json.dumps(row), flush=True)
         rows.append(row)
     codegen_gemm.GEMM_PLAN.update(saved_g)
