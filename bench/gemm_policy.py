@@ -38,7 +38,9 @@ ITERS = 100
 ATTENTION_BACKWARDS = [(1, 6, 1500, 1500, 64), (1, 6, 257, 257, 64), (1, 8, 4096, 4096, 40), (1, 8, 4096, 77, 40)]
 ATTENTION_BWD_PLANS = {"scalar loads": {"vec4_loads": False, "budget": 32768},
                        "16-byte loads": {"vec4_loads": True, "budget": 32768},
-                       "16-byte loads, 48 KiB blocks": {"vec4_loads": True, "budget": 49152}}
+                       "16-byte loads, 48 KiB blocks": {"vec4_loads": True, "budget": 49152},
+                       # no fused backward: the decomposition's gradient (scores in memory, GEMMs, softmax)
+                       "decomposed": {"vec4_loads": True, "budget": 32768, "decomposed": True}}
 ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 256},
                    "fill 1024": {"min_split_keys": 32, "fill": 1024, "min_keys": 256},
                    "fill 1024, from 64 keys": {"min_split_keys": 32, "fill": 1024, "min_keys": 64},
@@ -242,7 +244,15 @@ def main(argv=None):
         model, inputs = _attention_backward_model(*shape)
         row = {"case": f"attention_backward {shape} (forward included)", "plans": {}}
         for name, plan in ATTENTION_BWD_PLANS.items():
+            plan = dict(plan)
+            decomposed = plan.pop("decomposed", False)
             codegen_nn.ATTENTION_BWD_PLAN.update(plan)
+            if decomposed:
+                from meganeura.compiler import ops_layers
+
+                fused, ops_layers.backward_blocks = ops_layers.backward_blocks, lambda d, budget=0: None
+                model, inputs = _attention_backward_model(*shape)  # its gradient nodes are made now
+                ops_layers.backward_blocks = fused
             row["plans"][name] = _ours(device, model, inputs)
         codegen_nn.ATTENTION_BWD_PLAN.update(saved_b)
         if cuda:
