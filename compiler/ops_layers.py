@@ -220,14 +220,26 @@ def _d_attention(e, n):
     return e.reshape(out, (b, hq, s, e.shape(v)[3]))
 
 
+# An attention's gradient holds its [batch, heads, queries, keys] scores in memory (the
+# decomposition's gradient: GEMMs and a softmax) when they take at most this many bytes; past
+# it, the fused kernels recompute them block by block and never hold them. On the H200 the
+# decomposition was faster at every size measured (bench/gemm_policy.py, forward + backward:
+# DINOv2's 257 tokens 108 vs 137 us, SD-1.5's cross-attention 0.29 vs 0.84 ms, Whisper's 1,500
+# tokens 1.10 vs 2.06 ms, SD's 4,096 7.1 vs 13.8 ms), but the last two hold 54 and 537 MB of
+# scores per attention (Whisper-tiny's training step: 268 -> 495 MB).
+SCORES_IN_MEMORY_MAX = 16 << 20
+
+
 def _g_attention(e, n, i, g):
-    """Where the fused forward runs, the fused backward does too: the forward kernel also
+    """Small attentions differentiate the decomposition (see SCORES_IN_MEMORY_MAX); where the
+    fused forward runs on larger ones, the fused backward does too: the forward kernel also
     writes each row's log-sum-exp, and attention_grad rows (one kernel, see codegen_nn)
     recompute the probabilities from it, block by block, never [tokens x tokens] in memory.
     Elsewhere (an extra mask, odd head dims) the decomposition is differentiated."""
     from .prepare import _fused_attention_fits
 
-    if not (_fused_attention_fits(n, e.g) and backward_blocks(e.shape(n.inputs[0])[3])):
+    (b, h, s, d), t = e.shape(n.inputs[0]), e.shape(n.inputs[1])[2]
+    if not (_fused_attention_fits(n, e.g) and backward_blocks(d)) or b * h * s * t * 4 <= SCORES_IN_MEMORY_MAX:
         return _via(e, n, i, g)
     q, k, v = n.inputs
     lse = e.op("attention_lse", q, k, v, **dict(n.attrs))

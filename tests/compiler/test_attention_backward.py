@@ -17,6 +17,13 @@ from meganeura.runtime import Package, Session
 
 TOL = 1e-4
 
+
+@pytest.fixture(autouse=True)
+def fused_at_every_size(monkeypatch):
+    """These tests are about the fused kernels: small attentions take them too (by default they
+    differentiate the decomposition, ops_layers.SCORES_IN_MEMORY_MAX)."""
+    monkeypatch.setattr(ops_layers, "SCORES_IN_MEMORY_MAX", 0)
+
 # name: q shape, k (and v) shape, attributes
 CASES = {
     "full-b2-7-d8": ((2, 4, 7, 8), (2, 4, 7, 8), {}),
@@ -195,3 +202,22 @@ def test_compiled_training_package_runs_a_step(device):
     feed = {"pixel_values": rng.standard_normal((2, 3, 28, 42)), "labels": rng.standard_normal((2, 7, 32))}
     losses = [float(s.run("train_step", feed)["loss"]) for _ in range(3)]
     assert losses[2] < losses[0], losses
+
+
+def test_small_attentions_keep_their_scores_in_memory(device, monkeypatch):
+    """By default an attention whose scores fit SCORES_IN_MEMORY_MAX differentiates the
+    decomposition (GEMMs and a softmax: faster on the H200); a larger one takes the fused
+    kernels. Both against torch where they run here."""
+    monkeypatch.setattr(ops_layers, "SCORES_IN_MEMORY_MAX", 16 << 20)
+    got, ref, labels = _run(device, (2, 3, 13, 16), (2, 3, 20, 16), {"causal": True, "scale": 0.3})
+    assert "attention_dq" not in labels and "softmax" in labels, labels
+    errors = {k: rel(got[k], r) for k, r in ref.items()}
+    assert max(errors.values()) <= TOL, errors
+
+    def ops_of(q_shape):  # the gradient graph of a larger attention, not run
+        b = Builder()
+        q = b.input("q", q_shape)
+        grads = gradients(b.e, b.sum(b.attention(q, q, q)).id, [q.id])
+        return {b.g.nodes[i].op for i in range(grads[q.id] + 1)}
+    assert "attention_grad" in ops_of((1, 6, 1500, 64))  # 54 MB of scores
+    assert "attention_grad" not in ops_of((1, 6, 257, 64))  # 1.6 MB
