@@ -221,13 +221,23 @@ def _d_attention(e, n):
 
 
 # An attention's gradient holds its [batch, heads, queries, keys] scores in memory (the
-# decomposition's gradient: GEMMs and a softmax) when they take at most this many bytes; past
-# it, the fused kernels recompute them block by block and never hold them. On the H200 the
-# decomposition was faster at every size measured (bench/gemm_policy.py, forward + backward:
-# DINOv2's 257 tokens 108 vs 137 us, SD-1.5's cross-attention 0.29 vs 0.84 ms, Whisper's 1,500
-# tokens 1.10 vs 2.06 ms, SD's 4,096 7.1 vs 13.8 ms), but the last two hold 54 and 537 MB of
-# scores per attention (Whisper-tiny's training step: 268 -> 495 MB).
+# decomposition's gradient: GEMMs and a softmax) when they take at most SCORES_IN_MEMORY_MAX
+# bytes, or at most SCORES_PARAM_SHARE of the graph's parameter bytes (a training step holds
+# four times those anyway: weights, gradients, AdamW's two moments); past both, the fused
+# kernels recompute them block by block and never hold them. On the H200 the decomposition
+# was faster at every size measured (bench/gemm_policy.py, forward + backward: DINOv2's 257
+# tokens 108 vs 137 us, SD-1.5's cross-attention 0.29 vs 0.84 ms, Whisper's 1,500 tokens 1.10
+# vs 2.06 ms, SD's 4,096 7.1 vs 13.8 ms); Whisper-tiny's 54 MB of scores per attention next to
+# 33 MB of weights would take its step from 268 to 495 MB, SD's 537 MB next to 3.4 GB is 20%.
 SCORES_IN_MEMORY_MAX = 16 << 20
+SCORES_PARAM_SHARE = 0.25
+
+
+def _scores_in_memory(g, scores_bytes: int) -> bool:
+    if scores_bytes <= SCORES_IN_MEMORY_MAX:
+        return True
+    param_bytes = 4 * sum(g.nodes[i].size for i in g.by_op.get("param", {}).values())
+    return scores_bytes <= SCORES_PARAM_SHARE * param_bytes
 
 
 def _g_attention(e, n, i, g):
@@ -239,7 +249,7 @@ def _g_attention(e, n, i, g):
     from .prepare import _fused_attention_fits
 
     (b, h, s, d), t = e.shape(n.inputs[0]), e.shape(n.inputs[1])[2]
-    if not (_fused_attention_fits(n, e.g) and backward_blocks(d)) or b * h * s * t * 4 <= SCORES_IN_MEMORY_MAX:
+    if not (_fused_attention_fits(n, e.g) and backward_blocks(d)) or _scores_in_memory(e.g, b * h * s * t * 4):
         return _via(e, n, i, g)
     q, k, v = n.inputs
     lse = e.op("attention_lse", q, k, v, **dict(n.attrs))

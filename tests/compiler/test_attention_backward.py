@@ -23,6 +23,7 @@ def fused_at_every_size(monkeypatch):
     """These tests are about the fused kernels: small attentions take them too (by default they
     differentiate the decomposition, ops_layers.SCORES_IN_MEMORY_MAX)."""
     monkeypatch.setattr(ops_layers, "SCORES_IN_MEMORY_MAX", 0)
+    monkeypatch.setattr(ops_layers, "SCORES_PARAM_SHARE", 0)
 
 # name: q shape, k (and v) shape, attributes
 CASES = {
@@ -209,15 +210,20 @@ def test_small_attentions_keep_their_scores_in_memory(device, monkeypatch):
     decomposition (GEMMs and a softmax: faster on the H200); a larger one takes the fused
     kernels. Both against torch where they run here."""
     monkeypatch.setattr(ops_layers, "SCORES_IN_MEMORY_MAX", 16 << 20)
+    monkeypatch.setattr(ops_layers, "SCORES_PARAM_SHARE", 0.25)
     got, ref, labels = _run(device, (2, 3, 13, 16), (2, 3, 20, 16), {"causal": True, "scale": 0.3})
     assert "attention_dq" not in labels and "softmax" in labels, labels
     errors = {k: rel(got[k], r) for k, r in ref.items()}
     assert max(errors.values()) <= TOL, errors
 
-    def ops_of(q_shape):  # the gradient graph of a larger attention, not run
+    def ops_of(q_shape, weights=0):  # the gradient graph of a larger attention, not run
         b = Builder()
         q = b.input("q", q_shape)
+        if weights:  # the parameters of a model around it (not read here)
+            b.param("w", np.zeros(weights // 4, np.float32))
         grads = gradients(b.e, b.sum(b.attention(q, q, q)).id, [q.id])
         return {b.g.nodes[i].op for i in range(grads[q.id] + 1)}
     assert "attention_grad" in ops_of((1, 6, 1500, 64))  # 54 MB of scores
     assert "attention_grad" not in ops_of((1, 6, 257, 64))  # 1.6 MB
+    assert "attention_grad" in ops_of((1, 6, 1500, 64), 200 << 20)  # over a quarter of 200 MB of weights
+    assert "attention_grad" not in ops_of((1, 6, 1500, 64), 240 << 20)  # under a quarter of 240 MB
