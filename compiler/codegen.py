@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ops import OPS
-from .schedule import Kernel, Schedule, base_of, flat_read, reduce_geometry
+from .reductions import PARTIALS_BY_ROWS, by_rows, reduce_geometry, reduce_split
+from .schedule import Kernel, Schedule, base_of, flat_read
 from .wgsl import f32_literal, render, template
 
 WG = 256  # threads per workgroup in 1-D kernels
@@ -220,37 +221,6 @@ def _read_offsets(user, inp):
     return out
 
 
-def reduce_split(outer: int, red: int, inner: int, roots: int = 1) -> int:
-    """Slices of the reduced axis, each reduced by its own threads before a second pass
-    combines them, when one thread (columns) or one workgroup (rows) per output would
-    leave the GPU mostly idle walking a long axis (bias and norm-weight gradients: a few
-    hundred outputs over thousands of rows, 0.1 ms each, half of a training step)."""
-    if _by_rows(red, inner):  # a workgroup per (row, slice), >= 2048 elements each
-        if red < 4096:
-            return 1
-        # ~2,000 workgroups: the NaN guard sums whole gradients to one count each (SD-1.5:
-        # 14.7 M elements); 64 slices left the H200 at a fifth of its bandwidth. Batch norm's
-        # statistics over [16, 256, 56, 56] are 256 rows of 50,176: unsplit, 8.6 ms a ResNet-50 step
-        s = min(-(-2048 // (outer * roots)), red // 2048, 1024)
-    else:  # columns: a thread per (output, slice), >= 32 rows each
-        if outer * inner * roots >= 32768 or red < 64:
-            return 1
-        s = min(-(-65536 // (outer * inner * roots)), red // 32, 256)
-    s = max(1, s)
-    return -(-red // -(-red // s))  # no empty slice
-
-
-# a split reduction's combining pass takes a workgroup per output below this many outputs: one
-# thread summing 1,024 partials took 68 us per NaN-guard count (SmolLM2's step: 2.3 ms)
-PARTIALS_BY_ROWS = 128
-
-
-def _by_rows(red: int, inner: int) -> bool:
-    """Contiguous runs long enough for a workgroup each (reduce_rows), else a thread per
-    output (reduce_cols)."""
-    return inner == 1 and red > 64
-
-
 def _reduce(sched: Schedule, k: Kernel):
     """One reduction, or several of one geometry (the z workgroup index picks which), each
     reading its input through an elementwise prologue computed in its loads. A long axis
@@ -327,7 +297,7 @@ def _reduction(geometry, is_max, bind, out_bind, loads, stores, uses_prelude, la
     holes = {"BINDINGS": decls, "OUTER": outer, "R": red, "S": split, "RS": -(-red // split), "INIT": init,
              "COMBINE": "combine"}
     suffix = "" if split == 1 else "/split"
-    if _by_rows(red, inner):
+    if by_rows(red, inner):
         first = KernelCode(render("reduce_rows", **holes), (64, 1, 1), slots, (*grid(outer * split)[:2], nz),
                            label + suffix)
     else:
@@ -341,7 +311,7 @@ def _reduction(geometry, is_max, bind, out_bind, loads, stores, uses_prelude, la
     decls2 = "\n".join(["@group(0) @binding(0) var<storage, read> partial: array<f32>;", *out_decls, combine,
                         pick_store])
     outputs = outer * inner
-    holes = dict(BINDINGS=decls2, OUTPUTS=outputs, S=split, INIT=init, COMBINE="combine")
+    holes = {"BINDINGS": decls2, "OUTPUTS": outputs, "S": split, "INIT": init, "COMBINE": "combine"}
     if outputs * nz < PARTIALS_BY_ROWS:  # few outputs of many slices: a workgroup each, not a thread
         second = KernelCode(render("reduce_partials_rows", **holes), (64, 1, 1), [(temp, "read")] + out_bind.list(),
                             (*grid(outputs)[:2], nz), label + "/combine")

@@ -9,7 +9,7 @@ import functools
 from .emit import Emitter
 from .ir import Graph, Node, make_attrs
 from .ops import OPS
-from .schedule import reduce_geometry
+from .reductions import reduce_geometry
 
 
 def prepare(graph: Graph) -> Graph:

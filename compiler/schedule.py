@@ -10,11 +10,11 @@
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from .ir import Graph
 from .ops import OPS
+from .reductions import merge_kept_reductions
 
 MAX_BINDINGS = 10  # storage buffers per kernel; every wgpu backend on desktop and mobile allows more
 # inputs an op's kernel reads through (batch, head, token) strides: a [b, t, h, d] -> [b, h, t, d]
@@ -229,7 +229,7 @@ def schedule(graph: Graph) -> Schedule:
     kernels = [k for k in kernels if k.roots]  # (absorbed ones are empty)
     _keep_in_registers(graph, kernels, users, live, pinned)
     kernels, kernel_of = _fuse_epilogues(graph, kernels, users, live, pinned)
-    kernels, kernel_of = _merge_kept_reductions(graph, kernels, users, live)
+    kernels, kernel_of = merge_kept_reductions(graph, kernels)
 
     # 3. storage: views share their base's buffer; assigns write into their target
     storage = {t: w for w, t in written.items()}  # the transpose's layout is the writer's buffer's
@@ -323,89 +323,6 @@ def _keep_in_registers(graph, kernels, users, live, pinned):
         if keep:
             ker.members |= set(ker.roots)
             ker.roots = keep
-
-
-def reduce_geometry(shape, axes) -> tuple | None:
-    """(outer, reduced, inner, wrap) of a reduction over `axes` as one kernel runs it, or None
-    when it takes several (prepare() splits it). Adjacent axes: [outer, reduced, inner], wrap 0.
-    Axes around one run of kept ones (batch norm's (0, 2, 3) of NCHW): outer = the kept run's
-    elements, reduced = all the others, inner = 1, and the reduced element r of output o lies
-    at (r / wrap) * outer * wrap + o * wrap + r % wrap (wrap: the elements after the kept run)."""
-    rank = len(shape)
-    axes = sorted(a % rank for a in axes)
-    if not axes:
-        return None
-    if axes == list(range(axes[0], axes[-1] + 1)):
-        return math.prod(shape[:axes[0]]), math.prod(shape[axes[0]:axes[-1] + 1]), math.prod(shape[axes[-1] + 1:]), 0
-    kept = [a for a in range(rank) if a not in axes]
-    if kept != list(range(kept[0], kept[-1] + 1)):
-        return None
-    wrap = math.prod(shape[kept[-1] + 1:])
-    return math.prod(shape[kept[0]:kept[-1] + 1]), math.prod(shape[:kept[0]]) * wrap, 1, wrap
-
-
-def _reduce_geometry(graph, r):
-    """(op, outer, reduced, inner, wrap) of a reduction node: equal geometries share a kernel."""
-    n = graph.nodes[r]
-    return (n.op, *reduce_geometry(graph.nodes[n.inputs[0]].shape, n.attr("axes")))
-
-
-def _merge_kept_reductions(graph, kernels, users, live):
-    """Reductions of one geometry over values that stay in memory until the optimizer
-    anyway (tensors that an in-place update reads, e.g. the NaN guard's counts over each
-    gradient) run as one dispatch, one reduction per workgroup layer: no tensor lives
-    longer for it. (Merging others would keep an activation gradient alive for a layer.)"""
-    assigned = {base_of(graph, v) for v in graph.assigns.values()}
-    kernel_of = {r: i for i, k in enumerate(kernels) for r in k.roots}
-    kept = set()
-    for k in kernels:
-        if k.kind == "elementwise" and assigned & set(k.roots):
-            kept |= k.reads
-    if not kept:
-        return kernels, kernel_of
-    deps = [{kernel_of[x] for x in k.reads if x in kernel_of} - {i} for i, k in enumerate(kernels)]
-    anc = [None] * len(kernels)  # kernel -> bitset of the kernels it waits for, transitively
-    for start in range(len(kernels)):
-        stack = [start]
-        while stack:  # (kernel indices are not a topological order: a root may join an older kernel)
-            i = stack[-1]
-            if anc[i] is not None:
-                stack.pop()
-                continue
-            todo = [j for j in deps[i] if anc[j] is None]
-            if todo:
-                stack.extend(todo)
-                continue
-            bits = 0
-            for j in deps[i]:
-                bits |= (1 << j) | anc[j]
-            anc[i] = bits
-            stack.pop()
-    groups = {}
-    for i, k in enumerate(kernels):
-        if k.kind == "reduce" and len(k.roots) == 1 and k.reads and k.reads <= kept:
-            groups.setdefault(_reduce_geometry(graph, k.roots[0]), []).append(i)
-    gone = set()
-    for same in groups.values():
-        head = None
-        for i in same:
-            k = kernels[i]
-            if head is not None and len(kernels[head].reads | k.reads) + len(kernels[head].roots) + 1 <= MAX_BINDINGS \
-                    and not anc[i] & merged and not any((anc[j] >> i) & 1 for j in group):
-                h = kernels[head]
-                h.roots += k.roots
-                h.members |= k.members
-                h.reads |= k.reads
-                gone.add(i)
-                group.append(i)
-                merged |= 1 << i
-                anc[head] |= anc[i]
-            else:
-                head, group, merged = i, [i], 1 << i
-    if not gone:
-        return kernels, kernel_of
-    kept_kernels = [k for i, k in enumerate(kernels) if i not in gone]
-    return kept_kernels, {r: i for i, k in enumerate(kept_kernels) for r in k.roots}
 
 
 def _through_other(kernels, kernel_of, anc_k, k, b) -> bool:

@@ -16,7 +16,7 @@ from meganeura.compiler.interpret import run_graph
 from meganeura.compiler.ir import Graph, Node, make_attrs
 from meganeura.compiler.ops import OPS
 from meganeura.compiler.prepare import prepare
-from meganeura.compiler.schedule import reduce_geometry
+from meganeura.compiler.reductions import reduce_geometry
 from meganeura.compiler.training import ROW_MASK, TrainConfig, build_training_graph
 
 TOL = 1e-12
