@@ -26,7 +26,7 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
 _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True}
 _BIG = {"big_bk": 16, "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
-GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings; the first is the default
+GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: the last)
     "F": {**_F, **_BIG, "spread_a": False, "spread_b": False, "big_min_side": 0},
     "F, 128-tiles: B groups 64 apart": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 0},
     "F, 128-tiles: A and B groups 64 apart": {**_F, **_BIG, "spread_a": True, "spread_b": True, "big_min_side": 0},
@@ -36,11 +36,10 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings; the first is the default
 ITERS = 100
 # attention backward (dQ, dK, dV of one attention): Whisper-tiny, DINOv2, SD-1.5's first level (self, cross)
 ATTENTION_BACKWARDS = [(1, 6, 1500, 1500, 64), (1, 6, 257, 257, 64), (1, 8, 4096, 4096, 40), (1, 8, 4096, 77, 40)]
-ATTENTION_BWD_PLANS = {"scalar loads": {"vec4_loads": False, "budget": 32768},
-                       "16-byte loads": {"vec4_loads": True, "budget": 32768},
-                       "16-byte loads, 48 KiB blocks": {"vec4_loads": True, "budget": 49152},
-                       # no fused backward: the decomposition's gradient (scores in memory, GEMMs, softmax)
-                       "decomposed": {"vec4_loads": True, "budget": 32768, "decomposed": True}}
+# (vec4 loads, workgroup-memory budget, fused): "decomposed" times the decomposition's gradient
+# (scores in memory, GEMMs, softmax) instead of the fused kernels
+ATTENTION_BWD_PLANS = {"scalar loads": (False, 32768, True), "16-byte loads": (True, 32768, True),
+                       "16-byte loads, 48 KiB blocks": (True, 49152, True), "decomposed": (True, 32768, False)}
 ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 256},
                    "fill 1024": {"min_split_keys": 32, "fill": 1024, "min_keys": 256},
                    "fill 1024, from 64 keys": {"min_split_keys": 32, "fill": 1024, "min_keys": 64},
@@ -239,22 +238,23 @@ def main(argv=None):
         print(json.dumps(row), flush=True)
         rows.append(row)
     codegen_nn.ATTENTION_PLAN.update(saved_a)
-    saved_b = dict(codegen_nn.ATTENTION_BWD_PLAN)
-    for shape in ATTENTION_BACKWARDS:
-        model, inputs = _attention_backward_model(*shape)
-        row = {"case": f"attention_backward {shape} (forward included)", "plans": {}}
-        for name, plan in ATTENTION_BWD_PLANS.items():
-            plan = dict(plan)
-            decomposed = plan.pop("decomposed", False)
-            codegen_nn.ATTENTION_BWD_PLAN.update(plan)
-            if decomposed:
-                from meganeura.compiler import ops_layers
+    from meganeura.compiler import ops_layers
 
-                fused, ops_layers.backward_blocks = ops_layers.backward_blocks, lambda d, budget=0: None
-                model, inputs = _attention_backward_model(*shape)  # its gradient nodes are made now
-                ops_layers.backward_blocks = fused
+    saved_b = dict(codegen_nn.ATTENTION_BWD_PLAN)
+    saved_l = {k: getattr(ops_layers, k) for k in ("BACKWARD_BUDGET", "SCORES_IN_MEMORY_MAX", "SCORES_PARAM_SHARE")}
+    for shape in ATTENTION_BACKWARDS:
+        row = {"case": f"attention_backward {shape} (forward included)", "plans": {}}
+        for name, (vec4, budget, fused) in ATTENTION_BWD_PLANS.items():
+            codegen_nn.ATTENTION_BWD_PLAN["vec4_loads"] = vec4
+            ops_layers.BACKWARD_BUDGET = budget
+            # the gradient rule picks fused or decomposed as the graph is built: force it
+            ops_layers.SCORES_IN_MEMORY_MAX = 0 if fused else float("inf")
+            ops_layers.SCORES_PARAM_SHARE = 0 if fused else float("inf")
+            model, inputs = _attention_backward_model(*shape)
             row["plans"][name] = _ours(device, model, inputs)
         codegen_nn.ATTENTION_BWD_PLAN.update(saved_b)
+        for k, v in saved_l.items():
+            setattr(ops_layers, k, v)
         if cuda:
             row["torch_us"] = _torch_us(_torch_attention_backward(inputs))
         print(json.dumps(row), flush=True)

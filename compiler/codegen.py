@@ -84,6 +84,17 @@ class _Bindings:
         return [tuple(slot) for slot in self.slots]
 
 
+def as_vec4(decls: str, names) -> str:
+    """`decls` with the read-only f32 bindings `names` retyped array<vec4<f32>> (read 16 bytes
+    at a time); one not declared so is a compiler bug, not a kernel that silently loads wrong."""
+    for name in names:
+        old = f"var<storage, read> {name}: array<f32>;"
+        if old not in decls:
+            raise RuntimeError(f"no read-only f32 binding {name!r} to read 16 bytes at a time")
+        decls = decls.replace(old, f"var<storage, read> {name}: array<vec4<f32>>;")
+    return decls
+
+
 def generate(sched: Schedule, kernel: Kernel) -> KernelCode:
     if kernel.kind == "elementwise":
         return _elementwise(sched, kernel)

@@ -12,6 +12,7 @@ from .codegen import (
     WG,
     KernelCode,
     _Bindings,
+    as_vec4,
     _chain,
     _strides,
     _temp_ids,
@@ -154,10 +155,9 @@ def _vec4_common(common, decls, st, contract, modes, vec4) -> str:
     loaders stubbed out and load_a4 / load_b4 added."""
     if not any(modes):
         return common
-    decls4, contract4 = decls, dict(contract)
+    decls4, contract4 = as_vec4(decls, [op for op, mode in zip("ab", modes) if mode]), dict(contract)
     for op, mode in zip("ab", modes):
         if mode:
-            decls4 = decls4.replace(f"var<storage, read> {op}: array<f32>", f"var<storage, read> {op}: array<vec4<f32>>")
             contract4[f"LOAD_{op.upper()}"] = f"    return 0.0;  // read through load_{op}4"
     return render("igemm_common", BINDINGS=decls4, STORE=st, **contract4) + "".join(
         _vec4_loader(op, v[1]) for op, mode, v in zip("ab", modes, vec4) if mode)
@@ -352,9 +352,7 @@ def matmul(sched: Schedule, k: Kernel) -> KernelCode:
                   k_contiguous=(sak == 1, sbk == 1), vec4=tuple(vec4), n_load=n_load, load_prelude=load_prelude)
     if plain and sak == 1 and sbk == 1 and k_ % 4 == 0:  # both along K in memory: the CPU's dot-product kernel
         first = codes[0] if isinstance(codes, list) else codes
-        decls = first.gemm_decls
-        decls = decls.replace("var<storage, read> a: array<f32>", "var<storage, read> a: array<vec4<f32>>")
-        decls = decls.replace("var<storage, read> b: array<f32>", "var<storage, read> b: array<vec4<f32>>")
+        decls = as_vec4(first.gemm_decls, "ab")
         split, ks = _split_of(first.wgsl)
         st = first.gemm_store
         offsets = (_batch_offset(batch_shape, a.shape, "a_el") + "\n" + _batch_offset(batch_shape, b.shape, "b_el")

@@ -9,7 +9,7 @@ Groups are the GEMM's batch dimension.
 """
 from __future__ import annotations
 
-from .codegen import WG, KernelCode, _Bindings, _strides, _temp_ids, grid, per_output
+from .codegen import WG, KernelCode, _Bindings, _strides, _temp_ids, as_vec4, grid, per_output
 from .codegen_gemm import igemm, load_operand
 from .ops_nn import _conv_attrs, _pool_attrs
 from .schedule import Kernel, Schedule, base_of
@@ -383,9 +383,9 @@ def _loader(fn: str, buf: str, vec4: bool = False) -> str:
             f"    return vec4<f32>({buf}[x], {buf}[x + 1u], {buf}[x + 2u], {buf}[x + 3u]);\n}}")
 
 
-# the backward kernels' plan: `vec4_loads` reads q, k, v, o and dO 16 bytes at a time
-# `budget`: workgroup memory bytes the blocks may use (32 KiB: lavapipe's and mobile GPUs' limit)
-ATTENTION_BWD_PLAN = {"vec4_loads": False, "budget": 32768}
+# the backward kernels' plan: `vec4_loads` reads q, k, v, o and dO 16 bytes at a time (block
+# sizes: ops_layers.backward_blocks, within ops_layers.BACKWARD_BUDGET)
+ATTENTION_BWD_PLAN = {"vec4_loads": False}
 
 
 def _score_tile(rt: int, ct: int, tx: int, width: int, lse: str, delta: str, p_store: bool, ind: str) -> str:
@@ -453,7 +453,7 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
     n = g.nodes[k.roots[0]]
     (b, h, s, d), (hk, t) = g.nodes[n.inputs[0]].shape, g.nodes[n.inputs[1]].shape[1:3]
     dv4, stride = d // 4, d // 4 + 1
-    (bq, bk), (bc, br) = backward_blocks(d, ATTENTION_BWD_PLAN["budget"])
+    (bq, bk), (bc, br) = backward_blocks(d)
     # fewer workgroups than an H200 has SMs: halve the blocks that count them (DINOv2-S at batch 1:
     # 54 -> 102 workgroups, 1.17x); with more, the bigger blocks' reuse wins
     bq = 16 if bq == 32 and -(-s // 32) * b * h < 132 else bq
@@ -476,10 +476,7 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
 
     def declare(bind, names):
         decls = bind.decls(names)
-        if vec4:
-            for name in ("q", "k", "v", "o", "dout"):
-                decls = decls.replace(f"var<storage, read> {name}: array<f32>;", f"var<storage, read> {name}: array<vec4<f32>>;")
-        return decls
+        return as_vec4(decls, [x for x in names if x in ("q", "k", "v", "o", "dout")]) if vec4 else decls
 
     # dQ (and D) over query blocks: TY x TX threads, RT query rows and NCH vec4 columns of dQ each
     bind, names, subs, loaders = inputs(["q", "k", "v", "o", "dout"], n.inputs[:5])

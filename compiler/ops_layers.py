@@ -256,10 +256,16 @@ def _g_attention(e, n, i, g):
     return [e.op("attention_grad", q, k, v, i, g, lse, wrt=w, **dict(n.attrs)) for w in range(3)]
 
 
-def backward_blocks(d: int, budget: int = 32768):
+# workgroup memory the fused backward's blocks may use: 32 KiB is lavapipe's, Apple's and most
+# mobile GPUs' limit (the kernels are chosen offline, so every device gets these)
+BACKWARD_BUDGET = 32768
+
+
+def backward_blocks(d: int, budget: int | None = None):
     """Block sizes (dQ kernel: queries, keys; dK/dV kernel: keys, queries) whose workgroup
-    tiles fit `budget` bytes (lavapipe's and most mobile GPUs' limit), largest first, or
-    None: then the decomposition's gradient runs."""
+    tiles fit `budget` bytes (default BACKWARD_BUDGET), largest first, or None: then the
+    decomposition's gradient runs."""
+    budget = BACKWARD_BUDGET if budget is None else budget
     stride = d // 4 + 1  # vec4s per tile row, padded by one: no bank conflicts across rows
     sizes = ((32, 32), (32, 16), (16, 16), (16, 8), (8, 8))
     dq = next(((a, c) for a, c in sizes if 4 * (8 * stride * (a + c) + a * c + 2 * a) <= budget), None)
