@@ -68,17 +68,23 @@ def test_nan_batches_change_nothing_and_are_counted(device, optimizer):
         assert np.abs(w - values[name]).max() <= 1e-4 * max(np.abs(values[name]).max(), 1e-6), name
 
 
-def test_a_gradient_that_overflows_is_rejected_even_when_the_loss_is_finite(device):
-    """sqrt'(0) is infinite: the loss is finite, one gradient is not."""
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_a_gradient_that_overflows_is_rejected_even_when_the_loss_is_finite(device, optimizer):
+    """sqrt'(0) is infinite: the loss is finite, one gradient is not. Nothing changes: weights,
+    AdamW's moments and step counter (its own selects) or SGD's momentum."""
     b = Builder()
     x = b.input("x", (2, 3))
     w = b.param("w", np.array([[1.0, 2.0, 0.0]]))
     b.output("y", b.reshape(b.sum(b.sqrt(w) * x, axes=(1,), keepdims=True), (2, 1)))
-    session = Session(device, Package.from_bytes(compile_model(b.build(), TrainConfig(loss="mse", optimizer="sgd"))))
+    session = Session(device, Package.from_bytes(compile_model(b.build(), TrainConfig(loss="mse", optimizer=optimizer))))
+    before = everything(session)
     out = session.run("train_step", {"x": np.ones((2, 3)), "labels": np.zeros((2, 1))})
     assert np.isfinite(out["loss"])
     assert session.skipped_steps == 1
     np.testing.assert_array_equal(session.weights()["w"], [[1.0, 2.0, 0.0]])
+    for key, value in everything(session).items():
+        if key != ("state", "optimizer.skipped_steps"):
+            np.testing.assert_array_equal(value, before[key], err_msg=str(key))
 
 
 def test_without_the_guard_a_nan_loss_raises(device):
@@ -101,8 +107,9 @@ def test_nan_inputs_are_refused_by_name(device):
     assert session.skipped_steps == 0
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 @pytest.mark.parametrize("bad", [0, 1, 2])
-def test_one_bad_gradient_among_merged_checks_is_caught(device, bad):
+def test_one_bad_gradient_among_merged_checks_is_caught(device, bad, optimizer):
     """The loss and the gradients are checked by one kernel (count_nonfinite over all four):
     an infinite gradient in any one of them rejects the step."""
     b = Builder()
@@ -113,12 +120,13 @@ def test_one_bad_gradient_among_merged_checks_is_caught(device, bad):
         term = b.sum(b.sqrt(w) * x, axes=(1,), keepdims=True)
         out = term if out is None else out + term
     b.output("y", b.reshape(out, (2, 1)))
-    pkg = Package.from_bytes(compile_model(b.build(), TrainConfig(loss="mse", optimizer="sgd")))
+    pkg = Package.from_bytes(compile_model(b.build(), TrainConfig(loss="mse", optimizer=optimizer)))
     labels = [pkg.manifest["kernels"][d["kernel"]]["label"] for d in pkg.programs["train_step"]["dispatches"]]
     assert "count_nonfinite x4" in labels, labels  # the checks share a kernel
     session = Session(device, pkg)
-    before = session.weights()
+    before = everything(session)
     session.run("train_step", {"x": np.ones((2, 3)), "labels": np.zeros((2, 1))})
     assert session.skipped_steps == 1
-    for name, w in session.weights().items():
-        np.testing.assert_array_equal(w, before[name])
+    for key, value in everything(session).items():
+        if key != ("state", "optimizer.skipped_steps"):
+            np.testing.assert_array_equal(value, before[key], err_msg=str(key))
