@@ -230,6 +230,7 @@ def _unary(fn):
 
 _g_neg = _unary(lambda e, x, y, g, n: e.op("neg", g))
 _g_exp = _unary(lambda e, x, y, g, n: e.op("mul", g, y))
+_g_expm1 = _unary(lambda e, x, y, g, n: e.op("mul", g, e.op("exp", x)))
 _g_log = _unary(lambda e, x, y, g, n: e.op("div", g, x))
 _g_sqrt = _unary(lambda e, x, y, g, n: e.op("div", e.scale(g, 0.5), y))
 # from the output, as PyTorch does: relu's input (often a residual sum) need not outlive it
@@ -384,6 +385,7 @@ row("eq", _float_broadcast, lambda xs, at: (xs[0] == xs[1]).astype(np.float64 if
     None, (EW, "select(0.0, 1.0, {0} == {1})"))
 row("neg", _same, lambda xs, at: -xs[0], _g_neg, (EW, "(-{0})"))
 row("exp", _same, lambda xs, at: np.exp(xs[0]), _g_exp, (EW, "exp({0})"))
+row("expm1", _same, lambda xs, at: np.expm1(xs[0]), _g_expm1, (EW, "mn_expm1({0})"))
 row("log", _same, lambda xs, at: np.log(xs[0]), _g_log, (EW, "log({0})"))
 row("sqrt", _same, lambda xs, at: np.sqrt(xs[0]), _g_sqrt, (EW, "sqrt({0})"))
 row("relu", _same, lambda xs, at: np.maximum(xs[0], 0), _g_relu, (EW, "max({0}, 0.0)"))

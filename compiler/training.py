@@ -202,9 +202,9 @@ def _adamw(e, params, grads, lr, cfg, ok):
     step = e.leaf("state", "optimizer.step", (), "f32")
     t = e.op("add", step, e.const(1.0))
     e.g.assigns["optimizer.step"] = t
-    # bias corrections 1 - beta^t, computed on the GPU from the step counter
-    c1 = e.op("sub", e.const(1.0), e.op("exp", e.scale(t, math.log(b1))))
-    c2 = e.op("sub", e.const(1.0), e.op("exp", e.scale(t, math.log(b2))))
+    # bias corrections 1 - beta^t = -expm1(t log beta), computed on the GPU from the step counter
+    c1 = e.op("neg", e.op("expm1", e.scale(t, math.log(b1))))
+    c2 = e.op("neg", e.op("expm1", e.scale(t, math.log(b2))))
     step_size = e.op("div", lr, c1)
     sqrt_c2 = e.op("sqrt", c2)
     decay = e.op("sub", e.const(1.0), e.scale(lr, wd))

@@ -81,6 +81,16 @@ fn mn_softplus(x: f32) -> f32 {
     return select(max(x, 0.0) + log(1.0 + exp(-abs(x))), x, x > 20.0);
 }
 
+// exp(x) - 1 without the cancellation near 0 (Taylor to x^8 there: AdamW's bias corrections
+// 1 - beta^t lost 4 of f32's 7 digits as exp(t log beta) - 1 in the first steps)
+fn mn_expm1(x: f32) -> f32 {
+    if (abs(x) < 0.5) {
+        return x * (1.0 + x * (0.5 + x * (0.16666667 + x * (0.041666668 + x * (0.008333334
+            + x * (0.0013888889 + x * (0.0001984127 + x * 0.0000248015873)))))));
+    }
+    return exp(x) - 1.0;
+}
+
 fn mn_nonfinite(x: f32) -> f32 {
     // exponent bits all ones: NaN or infinity (x != x may be folded away under fast math)
     return select(0.0, 1.0, (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u);

@@ -119,6 +119,11 @@ def _unary(name, op, domain, build, torch_fn, shapes=((7, 13), (3, 5, 17), ())):
 
 _unary("neg", "neg", normal, lambda b, t: -t["a"], lambda t: -t["a"])
 _unary("exp", "exp", lambda r, s: uniform(r, -5, 5, s), lambda b, t: b.exp(t["a"]), lambda t: torch.exp(t["a"]))
+_unary("expm1", "expm1", lambda r, s: with_values(uniform(r, -3, 3, s), [0.499, -0.499, 0.5, -0.5, 0.0]),
+       lambda b, t: b.op("expm1", t["a"]), lambda t: torch.expm1(t["a"]))
+# near 0, where exp(x) - 1 in float32 would be off by ~1e-2 relative: the error is relative to max |expm1|
+_unary("expm1_small", "expm1", lambda r, s: uniform(r, -1e-5, 1e-5, s), lambda b, t: b.op("expm1", t["a"]),
+       lambda t: torch.expm1(t["a"]), shapes=((7, 13),))
 _unary("log", "log", lambda r, s: uniform(r, 0.05, 20, s), lambda b, t: b.log(t["a"]), lambda t: torch.log(t["a"]))
 _unary("sqrt", "sqrt", lambda r, s: uniform(r, 0.05, 20, s), lambda b, t: b.sqrt(t["a"]),
        lambda t: torch.sqrt(t["a"]))
