@@ -92,6 +92,26 @@ def _group_norm_ref(xs, at):
     return y
 
 
+def batch_statistics(e, x):
+    """(axes, count, mean, x - mean, sum of its squares), keepdims, over every axis but the
+    channels': batch norm's forward, its gradient and the training step's running statistics
+    all build them here, so that prepare() merges them into one pair of reductions (built
+    apart, they were computed again and kept each input alive to the step's end)."""
+    xs = e.shape(x)
+    axes = tuple(a for a in range(len(xs)) if a != 1)
+    count = math.prod(xs[a] for a in axes)
+    mean = _mean(e, x, axes)
+    d = e.op("sub", x, mean)
+    return axes, count, mean, d, e.op("reduce_sum", e.op("mul", d, d), axes=axes, keepdims=True)
+
+
+def _batch_normalized(e, x, eps):
+    """(axes, count, 1 / std, the normalised x) with the batch's statistics."""
+    axes, count, _, d, squares = batch_statistics(e, x)
+    invstd = e.op("pow", e.op("add", e.scale(squares, 1.0 / max(count, 1)), e.const(eps)), exponent=-0.5)
+    return axes, count, invstd, e.op("mul", d, invstd)
+
+
 def _d_batch_norm(e, n):
     """Inputs x, weight, bias, running_mean, running_var. In training mode the batch's
     statistics normalise (the training graph also updates the running ones)."""
@@ -99,7 +119,7 @@ def _d_batch_norm(e, n):
     rank = len(e.shape(x))
     eps = n.attr("eps", 1e-5)
     if n.attr("training"):
-        y = _normalize(e, x, tuple(a for a in range(rank) if a != 1), eps)
+        y = _batch_normalized(e, x, eps)[3]
     else:
         scale = e.op("pow", e.op("add", rv, e.const(eps)), exponent=-0.5)
         y = e.op("mul", e.op("sub", x, _channel_param(e, rm, rank)), _channel_param(e, scale, rank))
@@ -115,20 +135,13 @@ def _g_batch_norm(e, n, i, g):
     if not n.attr("training"):
         return _via(e, n, i, g)
     x, w, _, _, _ = n.inputs
-    xs = e.shape(x)
-    rank = len(xs)
-    axes = tuple(a for a in range(rank) if a != 1)
-    count = math.prod(xs[a] for a in axes)
-    mu = _mean(e, x, axes)
-    d = e.op("sub", x, mu)
-    var = _mean(e, e.op("mul", d, d), axes)
-    invstd = e.op("pow", e.op("add", var, e.const(n.attr("eps", 1e-5))), exponent=-0.5)
-    xhat = e.op("mul", d, invstd)
+    rank = len(e.shape(x))
+    axes, count, invstd, xhat = _batch_normalized(e, x, n.attr("eps", 1e-5))
     gb = e.op("reduce_sum", g, axes=axes, keepdims=True)
     gw = e.op("reduce_sum", e.op("mul", g, xhat), axes=axes, keepdims=True)
     centered = e.op("sub", e.op("sub", g, e.scale(gb, 1.0 / count)), e.op("mul", xhat, e.scale(gw, 1.0 / count)))
     gx = e.op("mul", e.op("mul", _channel_param(e, w, rank), invstd), centered)
-    c = xs[1]
+    c = e.shape(x)[1]
     return [gx, e.reshape(gw, (c,)), e.reshape(gb, (c,)), None, None]
 
 

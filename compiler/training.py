@@ -16,6 +16,7 @@ import numpy as np
 from .autodiff import gradients
 from .emit import Emitter
 from .ir import Graph
+from .ops_layers import batch_statistics
 
 ROW_MASK = "__row_mask"  # hidden input: 1 for real rows of a batch, 0 for padding
 
@@ -105,17 +106,11 @@ def train_mode(forward: Graph, momentum_default: float = 0.1) -> Graph:
             continue
         g.nodes[i] = replace(n, attrs=make_attrs(**{**dict(n.attrs), "training": True}))
         x, _, _, rm, rv = n.inputs
-        shape = g.nodes[x].shape
-        axes = tuple(a for a in range(len(shape)) if a != 1)
-        count = int(np.prod([shape[a] for a in axes]))
+        channels = g.nodes[x].shape[1]
         mom = n.attr("momentum", momentum_default)
-        # the statistics as the normalisation computes them (keepdims, the same nodes), so
-        # that prepare() merges them: recomputed apart, they kept each input alive to the end
-        mean_kept = e.scale(e.op("reduce_sum", x, axes=axes, keepdims=True), 1.0 / count)
-        d = e.op("sub", x, mean_kept)
-        mean = e.reshape(mean_kept, (shape[1],))
-        var = e.reshape(e.scale(e.op("reduce_sum", e.op("mul", d, d), axes=axes, keepdims=True),
-                                1.0 / max(count - 1, 1)), (shape[1],))
+        _, count, mean, _, squares = batch_statistics(e, x)  # the normalisation's own nodes
+        mean = e.reshape(mean, (channels,))
+        var = e.reshape(e.scale(squares, 1.0 / max(count - 1, 1)), (channels,))  # unbiased, as torch
         for leaf, stat in ((rm, mean), (rv, var)):  # running = (1 - momentum) running + momentum batch
             name = g.nodes[leaf].attr("name")
             if g.nodes[leaf].op == "param":

@@ -195,3 +195,21 @@ def test_batch_norm_running_statistics_after_a_step(device):
     want = {k: v.numpy() for k, v in ref.state_dict().items() if "running_" in k}
     errs = {k: float(np.abs(got[k] - want[k]).max() / np.abs(want[k]).max()) for k in got}
     assert max(errs.values()) < 1e-5, errs
+
+
+def test_batch_norm_statistics_are_computed_once_per_layer():
+    """A training step reduces over each batch norm's (0, 2, 3) four times: the mean and the
+    sum of squares in the forward, the bias's and the weight's gradients in the backward. The
+    running statistics and the closed-form gradient reuse the forward's (prepare() merges
+    equal nodes; built apart, they were computed again and kept each input alive). Where a
+    block downsamples, its two norms meet in one sum and share the bias gradient's reduction."""
+    from meganeura.compiler.prepare import prepare
+    from meganeura.compiler.training import build_training_graph
+
+    model = resnet(BASIC, (1, 1, 1, 1), batch=2, image_size=32, num_classes=5, width=8)
+    norms = sum(n.op == "batch_norm" for n in model.graph.nodes)
+    g = prepare(build_training_graph(model.graph, TrainConfig(loss="cross_entropy")))
+    over_batch = [n for n in g.nodes if n.op == "reduce_sum" and len(n.shape) == 4
+                  and sorted(n.attr("axes")) == [0, 2, 3]]
+    downsampling = 3  # stages 2-4 begin with a strided block
+    assert norms == 4 * 2 + 1 + downsampling and len(over_batch) == 4 * norms - downsampling, (len(over_batch), norms)
