@@ -120,7 +120,9 @@ ACC128 = "\n".join(f"    var acc{r}{h} = vec4<f32>(0.0);" for r in range(8) for 
 GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
              "big_bk": 16, "prefetch": True,  # 128-tiles: 4096^3 5.44 -> 4.42 ms with both (bench/REJECTED.md)
              "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True,  # convolutions' im2col loads: 284 us with 8, 307 with 16
-             "spread_a": False, "spread_b": True, "big_min_side": 128}  # 128-tiles: a thread's 4-column groups 64 apart: 4096^3 3.89 -> 3.73 ms
+             # 128-tiles: a thread's 4-column groups 64 apart (4096^3 3.89 -> 3.73 ms); only where M and N
+             # are both >= 128 (ResNet's 64-channel 3x3 convolution with both gradients 1067 -> 814 us)
+             "spread_a": False, "spread_b": True, "big_min_side": 128}
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:

@@ -210,31 +210,47 @@ def gather(sched: Schedule, k: Kernel) -> KernelCode:
                           f"    if (row < 0 || row >= {rows}) {{ {out}[idx] = 0.0; return; }}",
                           f"    {out}[idx] = {tt}[u32(row) * {inner}u + j];"])
         return _map_kernel(bind, n.size, body, "gather")
-    # scatter_add: the table zeroed, then a thread per (index, column) whose index is the first
-    # of its row sums that row's values in index order: no atomics, deterministic. (A thread per
-    # column zeroing and filling the whole table took 2.1 ms of SmolLM2's step: 3 workgroups.)
-    gy, idx = (g.nodes[i] for i in n.inputs)
+    # scatter_add, deterministic and without atomics: the table zeroed; a thread per index links
+    # it to the next index of the same row and marks the first of each row; a thread per (first
+    # index, column) sums its row's values along the links, in index order. (A thread per column
+    # over the whole table took 2.1 ms of SmolLM2's step; scanning every index per (index,
+    # column) grows with count^2 x columns.)
+    idx = g.nodes[n.inputs[1]]
     rows = n.shape[0]
     inner = n.size // max(rows, 1)
     count = idx.size
     zero_bind = _Bindings(g, sched.storage)
     zero = _map_kernel(zero_bind, n.size, f"    {zero_bind.use(r, write=True)}[idx] = 0.0;", "scatter_add/zero")
+    temp = ("temp", next(_temp_ids))  # next index of the same row (-1: none) per index, then 1 per first index
+
+    def row_of(ti):
+        return f"fn row_of(i: u32) -> i32 {{ let v = {ti}[i]; return select(v, v + {rows}, v < 0); }}"
+    link_bind = _Bindings(g, sched.storage)
+    ti = link_bind.use(base_of(g, n.inputs[1]))
+    decls = link_bind.decls() + f"\n@group(0) @binding({len(link_bind.slots)}) var<storage, read_write> link: array<i32>;"
+    body = "\n".join([
+        "    let row = row_of(idx);", "    var first = 1;", "    var nxt = -1;",
+        f"    if (row < 0 || row >= {rows}) {{ first = 0; }}",
+        "    for (var j = 0u; j < idx && first == 1; j++) { if (row_of(j) == row) { first = 0; } }",
+        f"    for (var j = idx + 1u; j < {count}u && first >= 0 && row >= 0 && row < {rows}; j++) {{",
+        "        if (row_of(j) == row) { nxt = i32(j); break; }", "    }",
+        "    link[idx] = nxt;", f"    link[{count}u + idx] = first;"])
+    link = KernelCode(per_output(decls + "\n" + row_of(ti), count, body), (WG, 1, 1),
+                      link_bind.list() + [(temp, "read_write")], grid(-(-count // WG)), "scatter_add/link")
+    link.temps = {temp: 8 * max(count, 1)}
     tg = bind.use(base_of(g, n.inputs[0]))
     ti = bind.use(base_of(g, n.inputs[1]))
     out = bind.use(r, write=True)
+    decls = bind.decls() + f"\n@group(0) @binding({len(bind.slots)}) var<storage, read> link: array<i32>;"
     body = "\n".join([
-        f"fn row_of(i: u32) -> i32 {{ let v = {ti}[i]; return select(v, v + {rows}, v < 0); }}",
-        "@@BODY@@",
-        f"    let i = idx / {inner}u;", f"    let c = idx % {inner}u;", "    let row = row_of(i);",
-        f"    if (row < 0 || row >= {rows}) {{ return; }}",
-        "    for (var j = 0u; j < i; j++) { if (row_of(j) == row) { return; } }  // not the row's first index",
-        "    var acc = 0.0;",
-        f"    for (var j = i; j < {count}u; j++) {{ if (row_of(j) == row) {{ acc += {tg}[j * {inner}u + c]; }} }}",
-        f"    {out}[u32(row) * {inner}u + c] = acc;"])
-    helper, body = body.split("\n@@BODY@@\n")
-    wgsl = per_output(bind.decls() + "\n" + helper, count * inner, body)
-    fill = KernelCode(wgsl, (WG, 1, 1), bind.list(), grid(-(-count * inner // WG)), "scatter_add")
-    return [zero, fill]
+        f"    let i = idx / {inner}u;", f"    let c = idx % {inner}u;",
+        f"    if (link[{count}u + i] == 0) {{ return; }}  // not the first index of its row",
+        "    var acc = 0.0;", "    var j = i32(i);",
+        f"    loop {{ acc += {tg}[u32(j) * {inner}u + c]; j = link[u32(j)]; if (j < 0) {{ break; }} }}",
+        f"    {out}[u32(row_of(i)) * {inner}u + c] = acc;"])
+    fill = KernelCode(per_output(decls + "\n" + row_of(ti), count * inner, body), (WG, 1, 1),
+                      bind.list() + [(temp, "read")], grid(-(-count * inner // WG)), "scatter_add")
+    return [zero, link, fill]
 
 
 def _bind_strided(sched: Schedule, bind: _Bindings, i: int) -> tuple:

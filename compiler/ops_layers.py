@@ -240,8 +240,9 @@ def _d_attention(e, n):
 # kernels recompute them block by block and never hold them. On the H200 the decomposition
 # was faster at every size measured (bench/gemm_policy.py, forward + backward: DINOv2's 257
 # tokens 108 vs 137 us, SD-1.5's cross-attention 0.29 vs 0.84 ms, Whisper's 1,500 tokens 1.10
-# vs 2.06 ms, SD's 4,096 7.1 vs 13.8 ms); Whisper-tiny's 54 MB of scores per attention next to
-# 33 MB of weights would take its step from 268 to 495 MB, SD's 537 MB next to 3.4 GB is 20%.
+# vs 2.06 ms, SD's 4,096 7.1 vs 13.8 ms). The rule is per attention, and the scheduler may hold
+# several layers' scores at once: SD-1.5's step went from 13.7 to 16.6 GB (PyTorch: 33 GB);
+# Whisper-tiny's 54 MB per attention next to 33 MB of weights would take it from 268 to 495 MB.
 SCORES_IN_MEMORY_MAX = 16 << 20
 SCORES_PARAM_SHARE = 0.25
 

@@ -371,7 +371,8 @@ def _scatter_ref(xs, at):
     inner = g.shape[idx.ndim:]
     out = np.zeros((rows,) + inner, dtype=g.dtype)
     idx = np.where(idx < 0, idx + rows, idx).reshape(-1).astype(np.int64)
-    np.add.at(out, idx, g.reshape((-1,) + inner))
+    inside = (idx >= 0) & (idx < rows)  # rows gather read as 0 get no gradient
+    np.add.at(out, idx[inside], g.reshape((-1,) + inner)[inside])
     return out
 
 

@@ -138,8 +138,8 @@ def _clip(e, grads, max_norm):
     return {k: e.op("mul", gid, scale) for k, gid in grads.items()}
 
 
-# tensors per count_nonfinite kernel: with its output and its partial sums, within the
-# 10 storage bindings a kernel may use (schedule.MAX_BINDINGS)
+# tensors per count_nonfinite kernel: with its output (or, split, its partial sums) 9 of
+# the 10 storage bindings a kernel may use (schedule.MAX_BINDINGS)
 COUNT_GROUP = 8
 
 

@@ -373,6 +373,24 @@ _fwd("scatter_add-4x3x5-rows9", "scatter_add",
      lambda v: torch.zeros(9, 5, dtype=torch.float64).index_add_(
          0, torch.tensor(v["idx"].reshape(-1).astype(np.int64) % 9), torch.tensor(v["a"].reshape(-1, 5))).numpy(),
      exact=False)
+
+
+def _scatter_ref(v, rows):
+    """Sums rows of v["a"] into a [rows, columns] table by index (negative ones count from the
+    end); indices outside the table are skipped."""
+    a, idx = v["a"].reshape(-1, v["a"].shape[-1]), v["idx"].reshape(-1).astype(np.int64)
+    out = np.zeros((rows, a.shape[1]))
+    for i, row in enumerate(np.where(idx < 0, idx + rows, idx)):
+        if 0 <= row < rows:
+            out[row] += a[i]
+    return out
+
+
+_r = _rng("scatter-long")  # long runs of one row (the sum walks each row's indices in order), and strays
+_idx = _r.integers(-5, 5, (3, 100)).astype(np.int32)
+_idx[0, :3] = [5, -6, 40]  # outside a 5-row table: skipped
+_fwd("scatter_add-3x100x7-rows5-strays", "scatter_add", {"a": normal(_r, (3, 100, 7)), "idx": _idx},
+     lambda b, t: b.scatter_add(t["a"], t["idx"], rows=5), lambda v: _scatter_ref(v, 5), exact=False)
 _id = "silu_grad-7x13"
 _fwd(_id, "silu_grad", {"a": with_values(normal(_rng(_id), (7, 13), 3.0), [30, -30, 1e-4, 0.0])},
      lambda b, t: b.silu_grad(t["a"]),

@@ -12,9 +12,10 @@ match torch to 1e-9, the GPU (float32) to 1e-4. Shapes are odd on purpose (7x13,
 130x70x100 ...) so that no size is a multiple of a tile or a workgroup, and broadcasting
 runs in both directions.
 
-Non-differentiable ops (eq, step, cast, one_hot) get forward-only checks against numpy;
-the gradient helper ops (gelu_grad, silu_grad, conv2d_weight_grad, max/avg_pool2d_grad,
-scatter_add) against torch autograd of the op they differentiate.
+Non-differentiable ops (eq, step, cast, one_hot, nonfinite, count_nonfinite) get forward-only
+checks against numpy; the gradient helper ops (gelu_grad, silu_grad, conv2d_weight_grad,
+max/avg_pool2d_grad, scatter_add) against torch autograd of the op they differentiate; the
+optimizer rows (moving_average, adamw_update) against torch.optim.AdamW.
 
 The cases live in op_cases.py, op_cases_nn.py and op_cases_optim.py; test_op_table.py reads CASES and FWD_CASES
 here and fails when an op of the table has no case.
