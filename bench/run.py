@@ -149,7 +149,14 @@ def main(argv=None):
     ap.add_argument("--gemm-prologues", action="store_true",
                     help="compile with schedule.GEMM_PROLOGUES on (convolutions and matmuls compute the "
                          "elementwise chain in front of them in their loads)")
+    ap.add_argument("--pointwise-conv-as-conv", action="store_true",
+                    help="experiment: 1x1 convolutions on the convolution kernels, not as matmuls "
+                         "(prepare.POINTWISE_CONV_AS_MATMUL off)")
     args = ap.parse_args(argv)
+    if args.pointwise_conv_as_conv:
+        from meganeura.compiler import prepare
+
+        prepare.POINTWISE_CONV_AS_MATMUL = False
     if args.gemm_prologues:
         from meganeura.compiler import schedule
 
@@ -175,7 +182,7 @@ def main(argv=None):
             "torch_device": torch.cuda.get_device_name(0) if tdev == "cuda" else "cpu",
             "python": platform.python_version(), "features": sorted(device.features), "smoke": args.smoke,
             "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch,
-            "gemm_prologues": args.gemm_prologues}
+            "gemm_prologues": args.gemm_prologues, "pointwise_conv_as_matmul": not args.pointwise_conv_as_conv}
     rows = []
     out = Path(args.out)
     for name, spec in WORKLOADS.items():

@@ -30,6 +30,8 @@ def prepare(graph: Graph) -> Graph:
         if node.op in ("reduce_sum", "reduce_max") and \
                 reduce_geometry(out.nodes[node.inputs[0]].shape, node.attr("axes")) is None:
             return _split_reduce(e, node, node.inputs[0])
+        if POINTWISE_CONV_AS_MATMUL and node.op in ("conv2d", "conv_transpose2d") and _pointwise(node, out):
+            return _pointwise_as_matmul(e, node)
         key = (node.op, node.dtype, node.shape, node.inputs, node.attrs)
         if node.op in ("input", "param", "state", "constant"):
             key = (node.op, node.attr("name"))
@@ -69,6 +71,26 @@ def prepare(graph: Graph) -> Graph:
         if n.op in ("input", "param", "state", "constant") and i not in remap:
             add(n)
     return out
+
+
+# 1x1 convolutions with stride 1, no padding and one group (half of ResNet-50's) and their input
+# gradients run as batched matmuls: their operands are plain matrices, read 16 bytes at a time
+POINTWISE_CONV_AS_MATMUL = True
+
+
+def _pointwise(n: Node, g: Graph) -> bool:
+    w = g.nodes[n.inputs[1]].shape
+    return (w[2:] == (1, 1) and tuple(n.attr("stride", (1, 1))) == (1, 1) and not any(n.attr("padding", ()))
+            and n.attr("groups", 1) == 1 and not any(n.attr("output_padding", ())))
+
+
+def _pointwise_as_matmul(e: Emitter, n: Node) -> int:
+    """conv2d: y[n] = W x[n] with W [out, in]; conv_transpose2d (a conv2d's input gradient):
+    y[n] = W^T x[n] with W [in, out] as stored."""
+    x, w = n.inputs
+    (b, c, h, wd), ws = e.shape(x), e.shape(w)
+    y = e.op("matmul", e.reshape(w, ws[:2]), e.reshape(x, (b, c, h * wd)), trans_a=n.op == "conv_transpose2d")
+    return e.reshape(y, n.shape)
 
 
 def _fused_attention_fits(n: Node, g: Graph) -> bool:

@@ -41,7 +41,7 @@ _CONV = [  # x shape, w shape, attrs
     ((2, 3, 11, 9), (5, 3, 3, 3), {"padding": (1, 1, 1, 1)}),
     ((2, 3, 11, 9), (4, 3, 3, 2), {"stride": (2, 3), "padding": (1, 0, 2, 1), "dilation": (2, 1)}),
     ((1, 6, 9, 7), (9, 2, 3, 3), {"stride": (2, 2), "padding": (0, 1, 1, 0), "groups": 3}),
-    ((2, 5, 13, 17), (70, 5, 1, 1), {}),  # a 1x1 conv: M, N, K past one 64x64 tile
+    ((2, 5, 13, 17), (70, 5, 1, 1), {}),  # a 1x1 conv (a matmul, with its input gradient): past one 64x64 tile
 ]
 for _xs, _ws, _at in _CONV:
     _id = f"conv2d-{_sh(_xs)}-{_sh(_ws)}-" + "-".join(f"{k}{''.join(map(str, v)) if isinstance(v, tuple) else v}"
@@ -54,6 +54,7 @@ for _xs, _ws, _at in _CONV:
 _CONVT = [
     ((2, 4, 5, 6), (4, 3, 3, 3), {"stride": (2, 2), "padding": (1, 1, 1, 1), "output_padding": (1, 0)}),
     ((1, 6, 4, 5), (6, 2, 3, 2), {"stride": (1, 2), "padding": (0, 1, 2, 0), "groups": 3, "dilation": (2, 1)}),
+    ((2, 7, 5, 6), (7, 66, 1, 1), {}),  # pointwise: a matmul (prepare.POINTWISE_CONV_AS_MATMUL)
 ]
 for _xs, _ws, _at in _CONVT:
     _id = f"conv_transpose2d-{_sh(_xs)}-{_sh(_ws)}"
