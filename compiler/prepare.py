@@ -1,5 +1,5 @@
 """Rewrites that run before scheduling: decompositions, reductions over scattered axes,
-common subexpressions and dead nodes. Each one keeps the interpreter's answer (tests
+pointwise convolutions as matmuls, common subexpressions and dead nodes. Each one keeps the interpreter's answer (tests
 check interpreter(before) == interpreter(after) on random inputs).
 """
 from __future__ import annotations

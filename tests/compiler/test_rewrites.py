@@ -271,3 +271,23 @@ def test_random_graph(seed):
     g, inputs = _random_graph(seed)
     assert len(g.outputs) >= 2
     check_prepare_keeps_answer(g, inputs)
+
+
+# ------------------------------------------------------------ pointwise convolutions
+def test_pointwise_convolutions_become_matmuls():
+    """A 1x1 stride-1 convolution and its input gradient are matmuls after prepare (the weight
+    gradient stays a convolution kernel); strided or padded ones stay convolutions. Answers kept."""
+    rng = np.random.default_rng(21)
+    b = Builder()
+    x = b.input("x", (2, 5, 6, 7))
+    w1 = b.param("w1", rng.standard_normal((8, 5, 1, 1)))
+    w2 = b.param("w2", rng.standard_normal((3, 8, 1, 1)))
+    y = b.conv2d(x, w1)
+    z = b.conv2d(y, w2, stride=(2, 2))  # strided: stays a convolution
+    b.output("z", z)
+    grads = gradients(b.e, b.sum(z * z).id, [x.id, w1.id])
+    b.g.outputs.update(gx=grads[x.id], gw=grads[w1.id])
+    after = check_prepare_keeps_answer(b.g, {"x": rng.standard_normal((2, 5, 6, 7))})
+    ops = [n.op for n in after.nodes]
+    assert ops.count("conv2d") == 1 and "conv2d_weight_grad" in ops, ops  # the strided one; w1's gradient
+    assert ops.count("matmul") == 2, ops  # w1's forward and its input gradient (conv_transpose2d)
