@@ -152,7 +152,14 @@ def main(argv=None):
     ap.add_argument("--pointwise-conv-as-conv", action="store_true",
                     help="experiment: 1x1 convolutions on the convolution kernels, not as matmuls "
                          "(prepare.POINTWISE_CONV_AS_MATMUL off)")
+    ap.add_argument("--sink-chains", action="store_true",
+                    help="experiment: schedule.SINK_CHAINS on (recomputed chains run at their readers' turn: "
+                         "less memory, GPU time unmeasured)")
     args = ap.parse_args(argv)
+    if args.sink_chains:
+        from meganeura.compiler import schedule
+
+        schedule.SINK_CHAINS = True
     if args.pointwise_conv_as_conv:
         from meganeura.compiler import prepare
 
@@ -182,7 +189,8 @@ def main(argv=None):
             "torch_device": torch.cuda.get_device_name(0) if tdev == "cuda" else "cpu",
             "python": platform.python_version(), "features": sorted(device.features), "smoke": args.smoke,
             "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch,
-            "gemm_prologues": args.gemm_prologues, "pointwise_conv_as_matmul": not args.pointwise_conv_as_conv}
+            "gemm_prologues": args.gemm_prologues, "pointwise_conv_as_matmul": not args.pointwise_conv_as_conv,
+            "sink_chains": args.sink_chains}
     rows = []
     out = Path(args.out)
     for name, spec in WORKLOADS.items():

@@ -531,4 +531,52 @@ def _order(graph, kernels, kernel_of, inplace):
         pending = sorted(set(range(n)) - set(ready))
         raise RuntimeError("scheduler found a cycle between kernels (a compiler bug): "
                            f"{[kernels[k].roots for k in pending]}")
-    return sorted(range(n), key=lambda k: (pass_of[k], k))
+    order = sorted(range(n), key=lambda k: (pass_of[k], k))
+    return _sink_chains(graph, kernels, kernel_of, order, users) if SINK_CHAINS else order
+
+
+# Experiment, off until its GPU time is measured: move a kernel, with the producers that only it
+# reads, down to just before its first reader (or in-place writer) when every other tensor they
+# read is read there or later anyway, so that no lifetime grows. The backward's recomputed
+# forward values (attention probabilities through the decomposition) ran early in kernel order
+# and were held, every layer's at once, until their layer's turn.
+SINK_CHAINS = False
+SINK_CHAIN_LENGTH = 8  # kernels moved together at most
+
+
+def _sink_chains(graph, kernels, kernel_of, order, users) -> list:
+    persistent = {i for i, n in enumerate(graph.nodes) if n.op in ("input", "param", "state", "constant", "const")}
+    readers = {}
+    for k in order:
+        for x in kernels[k].reads:
+            readers.setdefault(x, set()).add(k)
+    key = {k: float(i) for i, k in enumerate(order)}
+    moved = 0
+
+    def chain(k, target, group):
+        """Adds k, and the producers only the group reads, to `group`; False if a tensor
+        some member reads would then live longer."""
+        group.add(k)
+        for x in kernels[k].reads:
+            if x in persistent or any(key[r] >= target for r in readers[x] - group):
+                continue
+            p = kernel_of.get(x)
+            if p is None or p in group or len(group) >= SINK_CHAIN_LENGTH \
+                    or any(readers.get(r, set()) - group - {k} for r in kernels[p].roots):
+                return False
+            if not chain(p, target, group):
+                return False
+        return True
+
+    for k in reversed(order):  # readers first: a kernel's target is where its readers now are
+        if not users[k]:
+            continue
+        target = min(key[u] for u in users[k])
+        group = set()
+        if target <= key[k] + 1 or not chain(k, target, group):
+            continue
+        for member in sorted(group, key=key.__getitem__, reverse=True):  # keep their order
+            moved += 1
+            key[member] = target - 1e-6 * moved
+    return sorted(order, key=key.__getitem__)
+

@@ -132,3 +132,39 @@ def _mlp_epilogue_labels():
     finally:
         schedule_module.GEMM_PROLOGUES.clear()
         schedule_module.GEMM_PROLOGUES.update(saved)
+
+
+def _stacked_attention(layers=3, t=256, h=2, d=8):
+    """Attention layers whose [1, h, t, t] scores (512 KB) dwarf everything else they hold."""
+    rng = np.random.default_rng(0)
+    b = Builder()
+    x = b.input("x", (1, t, h * d))
+    y = x
+    for i in range(layers):
+        qkv = [b.transpose(b.reshape(b.linear(y, b.param(f"l{i}.{n}", rng.standard_normal((h * d, h * d)) * 0.3)),
+                                     (1, t, h, d)), (0, 2, 1, 3)) for n in "qkv"]
+        y = y + b.reshape(b.transpose(b.attention(*qkv), (0, 2, 1, 3)), (1, t, h * d))
+    b.output("y", y)
+    return b.build()
+
+
+def test_sinking_recomputation_chains_holds_one_layers_scores_and_keeps_answers(device, monkeypatch):
+    """schedule.SINK_CHAINS (off until its GPU time is measured): the backward's recomputed
+    scores and probabilities (the attention decomposition's gradient) move down to their layer's
+    turn instead of all layers' being held at once; the step computes the same bits."""
+    from meganeura.compiler import schedule as schedule_module
+
+    runs = {}
+    rng = np.random.default_rng(1)
+    feed = {"x": rng.standard_normal((1, 256, 16)), "labels": rng.standard_normal((1, 256, 16))}
+    for sink in (False, True):
+        monkeypatch.setattr(schedule_module, "SINK_CHAINS", sink)
+        pkg = Package.from_bytes(compile_model(_stacked_attention(), TrainConfig(loss="mse")))
+        session = Session(device, pkg)
+        loss = session.run("train_step", dict(feed))["loss"]
+        runs[sink] = (pkg.programs["train_step"]["scratch_peak_bytes"], loss, session.weights())
+    scores = 2 * 256 * 256 * 4
+    assert runs[True][0] <= runs[False][0] - 0.75 * scores, (runs[False][0], runs[True][0])
+    assert runs[True][1] == runs[False][1]
+    for name, w in runs[False][2].items():
+        np.testing.assert_array_equal(runs[True][2][name], w, err_msg=name)
