@@ -166,20 +166,9 @@ def _torch_attention(inputs):
 
 
 def _torch_us(fn):
-    import torch
+    from timing import time_torch
 
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(100):
-        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(e) * 1e3)
-    return float(np.median(times))
+    return time_torch(fn, iters=ITERS, warmup=10)["gpu_ms"] * 1e3
 
 
 def main(argv=None):

@@ -246,12 +246,9 @@ def _reduce(sched: Schedule, k: Kernel):
     bind = _Bindings(g, sched.storage)
     out_bind = bind if split == 1 else _Bindings(g, sched.storage)
     loads, stores, uses_prelude = _reduce_io(sched, k, bind, out_bind)
-    pick = _pick("load(which: u32, idx: u32) -> f32", [f"return load{j}(idx);" for j in range(nz)])
-    if wrap:  # the templates walk [outer, red]: map (output, reduced element) to where it lies
-        pick = pick.replace("-> f32 {", f"-> f32 {{\n    let idx = ((at % {red}u) / {wrap}u) * {outer * wrap}u + "
-                            f"(at / {red}u) * {wrap}u + at % {wrap}u;", 1).replace("(which: u32, idx: u32)",
-                                                                                "(which: u32, at: u32)", 1)
-    loads.append(pick)
+    # the templates walk [outer, red]; around a kept run, (output, reduced element) lies elsewhere
+    at = f"((idx % {red}u) / {wrap}u) * {outer * wrap}u + (idx / {red}u) * {wrap}u + idx % {wrap}u" if wrap else "idx"
+    loads.append(_pick("load(which: u32, idx: u32) -> f32", [f"return load{j}({at});" for j in range(nz)]))
     return _reduction((outer, red, inner, nz, split), is_max, bind, out_bind, loads, stores, uses_prelude, label)
 
 
@@ -322,13 +319,18 @@ def _reduction(geometry, is_max, bind, out_bind, loads, stores, uses_prelude, la
     decls2 = "\n".join(["@group(0) @binding(0) var<storage, read> partial: array<f32>;", *out_decls, combine,
                         pick_store])
     outputs = outer * inner
-    holes = {"BINDINGS": decls2, "OUTPUTS": outputs, "S": split, "INIT": init, "COMBINE": "combine"}
-    if outputs * nz < PARTIALS_BY_ROWS:  # few outputs of many slices: a workgroup each, not a thread
-        second = KernelCode(render("reduce_partials_rows", **holes), (64, 1, 1), [(temp, "read")] + out_bind.list(),
-                            (*grid(outputs)[:2], nz), label + "/combine")
+    if outputs * nz < PARTIALS_BY_ROWS:  # few outputs of many slices: reduce_rows over [outputs, slices]
+        load = (f"fn load(which: u32, idx: u32) -> f32 {{ return partial[(which * {split}u + idx % {split}u) "
+                f"* {outputs}u + idx / {split}u]; }}")
+        emit = "fn emit(z: u32, s: u32, idx: u32, v: f32) { store(z, idx, v); }"
+        second = KernelCode(render("reduce_rows", BINDINGS="\n".join([decls2, load, emit]), OUTER=outputs, R=split,
+                                   S=1, RS=split, INIT=init, COMBINE="combine"),
+                            (64, 1, 1), [(temp, "read")] + out_bind.list(), (*grid(outputs)[:2], nz), label + "/combine")
     else:
-        second = KernelCode(render("reduce_partials", **holes), (WG, 1, 1), [(temp, "read")] + out_bind.list(),
-                            (*grid(-(-outputs // WG))[:2], nz), label + "/combine")
+        second = KernelCode(render("reduce_partials", BINDINGS=decls2, OUTPUTS=outputs, S=split, INIT=init,
+                                   COMBINE="combine"),
+                            (WG, 1, 1), [(temp, "read")] + out_bind.list(), (*grid(-(-outputs // WG))[:2], nz),
+                            label + "/combine")
     return [first, second]
 
 

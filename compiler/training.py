@@ -17,6 +17,7 @@ from .autodiff import gradients
 from .emit import Emitter
 from .ir import Graph
 from .ops_layers import batch_statistics
+from .schedule import MAX_BINDINGS
 
 ROW_MASK = "__row_mask"  # hidden input: 1 for real rows of a batch, 0 for padding
 
@@ -138,9 +139,9 @@ def _clip(e, grads, max_norm):
     return {k: e.op("mul", gid, scale) for k, gid in grads.items()}
 
 
-# tensors per count_nonfinite kernel: with its output (or, split, its partial sums) 9 of
-# the 10 storage bindings a kernel may use (schedule.MAX_BINDINGS)
-COUNT_GROUP = 8
+# tensors per count_nonfinite kernel: with its output (or, split, its partial sums) and one
+# binding to spare, within the storage bindings a kernel may use
+COUNT_GROUP = MAX_BINDINGS - 2
 
 
 def _all_finite(e, loss, grads):

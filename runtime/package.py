@@ -402,7 +402,7 @@ def _load_weights(blob: memoryview, m: dict) -> dict:
         w = f"weights[{name!r:.80}]"
         _dict(e, w)
         name_of = _key(e, "dtype", w)
-        dtype = {"F32": np.float32, "I32": np.int32}.get(name_of) if isinstance(name_of, str) else None
+        dtype = {k.upper(): v for k, v in DTYPES.items()}.get(name_of) if isinstance(name_of, str) else None
         if dtype is None:
             _fail(f"{w}: dtype {name_of!r:.20} is not F32 or I32")
         shape = [_int(d, f"{w}.shape", 0, 1 << 32) for d in _list(_key(e, "shape", w), f"{w}.shape", 8)]
