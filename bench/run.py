@@ -152,14 +152,20 @@ def main(argv=None):
     ap.add_argument("--pointwise-conv-as-conv", action="store_true",
                     help="experiment: 1x1 convolutions on the convolution kernels, not as matmuls "
                          "(prepare.POINTWISE_CONV_AS_MATMUL off)")
-    ap.add_argument("--sink-chains", action="store_true",
-                    help="experiment: schedule.SINK_CHAINS on (recomputed chains run at their readers' turn: "
-                         "less memory, GPU time unmeasured)")
+    ap.add_argument("--no-sink-chains", action="store_true",
+                    help="experiment: schedule.SINK_CHAINS off (recomputed chains run where autodiff put them)")
+    ap.add_argument("--no-arenas", action="store_true",
+                    help="experiment: arenas.ARENAS off (each parameter, its gradient and its optimizer state in "
+                         "buffers of their own; one update kernel per parameter)")
     args = ap.parse_args(argv)
-    if args.sink_chains:
+    if args.no_sink_chains:
         from meganeura.compiler import schedule
 
-        schedule.SINK_CHAINS = True
+        schedule.SINK_CHAINS = False
+    if args.no_arenas:
+        from meganeura.compiler import arenas
+
+        arenas.ARENAS = False
     if args.pointwise_conv_as_conv:
         from meganeura.compiler import prepare
 
@@ -190,7 +196,7 @@ def main(argv=None):
             "python": platform.python_version(), "features": sorted(device.features), "smoke": args.smoke,
             "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch,
             "gemm_prologues": args.gemm_prologues, "pointwise_conv_as_matmul": not args.pointwise_conv_as_conv,
-            "sink_chains": args.sink_chains}
+            "sink_chains": not args.no_sink_chains, "arenas": not args.no_arenas}
     rows = []
     out = Path(args.out)
     for name, spec in WORKLOADS.items():

@@ -11,7 +11,7 @@ import numpy as np
 
 from .ops import OPS
 from .reductions import PARTIALS_BY_ROWS, by_rows, reduce_geometry, reduce_split
-from .schedule import Kernel, Schedule, base_of, flat_read
+from .schedule import MAX_BINDINGS, Kernel, Schedule, base_of, flat_read
 from .wgsl import f32_literal, render, template
 
 WG = 256  # threads per workgroup in 1-D kernels
@@ -72,11 +72,21 @@ class _Bindings:
             self.slots[b][1] = "read_write"
         return f"t{b}"
 
+    def use_key(self, key, write=False) -> str:
+        """A slot for a buffer that is no node's own (a range of an arena, a temp)."""
+        found = [b for b, slot in enumerate(self.slots) if slot[0] == key and b >= self.shared_from]
+        if not found:
+            self.slots.append([key, "read"])
+            found = [len(self.slots) - 1]
+        if write:
+            self.slots[found[0]][1] = "read_write"
+        return f"t{found[0]}"
+
     def decls(self, names=None) -> str:
         lines = []
         for b, (s, access) in enumerate(self.slots):
             name = names[b] if names else f"t{b}"
-            ty = _wtype(self.g.nodes[s].dtype)
+            ty = _wtype(self.g.nodes[s].dtype) if isinstance(s, int) else "f32"
             lines.append(f"@group(0) @binding({b}) var<storage, {access}> {name}: array<{ty}>;")
         return "\n".join(lines)
 
@@ -252,21 +262,63 @@ def _reduce(sched: Schedule, k: Kernel):
     return _reduction((outer, red, inner, nz, split), is_max, bind, out_bind, loads, stores, uses_prelude, label)
 
 
+# tensors (or arena ranges) per counting pass: with its output (or, split, its partial sums)
+# and one binding to spare, within the storage bindings a kernel may use
+COUNT_GROUP = MAX_BINDINGS - 2
+
+
 def _count_nonfinite(sched: Schedule, k: Kernel):
     """The NaN guard's count of non-finite elements over several tensors (a step's gradients),
-    as one sum over their elements one after the other: a dispatch (two when split) per
-    group of tensors, not a reduction each (686 for SD-1.5). The count ignores order, so
-    each tensor's buffer is read as it lies."""
+    as sums over their elements one after the other: a pass (two when split) per
+    COUNT_GROUP tensors, not a reduction each (686 for SD-1.5). Gradients placed in an
+    arena (compiler/arenas.py) are read as its ranges: a group of them is one binding. The
+    count ignores order, so each tensor is read as it lies; several passes add up theirs."""
     g = sched.graph
     (r,) = k.roots
-    bind = _Bindings(g, sched.storage)
-    out_bind = bind
-    pieces, start = [], 0
+    spans = []  # [binding key, first element, end]
+    placement = getattr(sched, "placement", {})
     for x in g.nodes[r].inputs:
-        size = g.nodes[x].size
+        s, size = sched.storage.get(base_of(g, x), base_of(g, x)), g.nodes[x].size
         if size:
-            pieces.append((start, start + size, bind.use(base_of(g, x))))
-            start += size
+            arena, at = placement.get(s, (None, 0))
+            if spans and arena is not None and spans[-1][0] == arena and at == spans[-1][2]:
+                spans[-1][2] = at + size  # the next tensor of the arena (padding, never written, is not read)
+            else:
+                spans.append([arena if arena is not None else s, at, at + size])
+    groups, elements = [[]], 0
+    for span in spans:  # elements are indexed by u32 across a pass: under 2^31
+        size = span[2] - span[1]
+        if len(groups[-1]) == COUNT_GROUP or (groups[-1] and elements + size >= 1 << 31):
+            groups.append([])
+            elements = 0
+        groups[-1].append(span)
+        elements += size
+    if len(groups) == 1:
+        return _count_pass(sched, groups[0], lambda b: f"{b.use(r, write=True)}[idx] = v;")
+    counts = ("temp", next(_temp_ids))
+    codes = []
+    for j, group in enumerate(groups):
+        out = _count_pass(sched, group, lambda b, j=j: f"{b.use_key(counts, write=True)}[{j}u + idx] = v;")
+        codes.extend(out if isinstance(out, list) else [out])
+    codes[0].temps = {**(codes[0].temps or {}), counts: 4 * len(groups)}
+    bind = _Bindings(g, sched.storage)
+    partial = bind.use_key(counts)
+    total = " + ".join(f"{partial}[{j}u]" for j in range(len(groups)))
+    store = f"    {bind.use(r, write=True)}[idx] = {total};"
+    codes.append(KernelCode(per_output(bind.decls(), 1, store), (WG, 1, 1), bind.list(), (1, 1, 1),
+                            "count_nonfinite/sum"))
+    return codes
+
+
+def _count_pass(sched, spans, store):
+    """One count over `spans` ([binding key, first element, end]), stored by `store(bindings)`."""
+    g = sched.graph
+    bind = _Bindings(g, sched.storage)
+    pieces, start = [], 0
+    for key, lo, end in spans:
+        name = bind.use_key(("view", key, lo, end - lo)) if isinstance(key, tuple) else bind.use(key)
+        pieces.append((start, start + end - lo, name))
+        start += end - lo
     lines = [f"    if (idx < {end}u) {{ return mn_nonfinite({name}[idx - {lo}u]); }}" for lo, end, name in pieces[:-1]]
     if pieces:
         lo, _, name = pieces[-1]
@@ -276,10 +328,8 @@ def _count_nonfinite(sched: Schedule, k: Kernel):
     load = "fn load(which: u32, idx: u32) -> f32 {\n" + "\n".join(lines) + "\n}"
     red = max(start, 1)
     split = reduce_split(1, red, 1)
-    if split > 1:
-        out_bind = _Bindings(g, sched.storage)
-    store = f"{out_bind.use(r, write=True)}[idx] = v;"
-    return _reduction((1, red, 1, 1, split), False, bind, out_bind, [load], [store], True,
+    out_bind = bind if split == 1 else _Bindings(g, sched.storage)
+    return _reduction((1, red, 1, 1, split), False, bind, out_bind, [load], [store(out_bind)], True,
                       f"count_nonfinite x{len(pieces)}")
 
 

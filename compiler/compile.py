@@ -55,6 +55,8 @@ def compile_model(model: Model, train: TrainConfig | None = None, source: dict |
         tg = prepare(build_training_graph(model.graph, train))
     # both graphs fix the weights: hash them on a thread while the rest is scheduled
     pb.start_blob_hash([fwd] if tg is None else [fwd, tg])
+    if tg is not None:
+        pb.plan_arenas([tg])  # before inference places the parameters
     step("schedule inference")
     pb.add_program("infer", schedule(fwd))
     if tg is not None:
@@ -100,6 +102,7 @@ def compile_programs(programs: dict, source: dict | None = None, meta: dict | No
     pb = PackageBuilder(__version__)
     prepared = {name: prepare(graph) for name, graph in programs.items()}
     pb.start_blob_hash(prepared.values())
+    pb.plan_arenas(prepared.values())
     for name, g in prepared.items():
         pb.add_program(name, schedule(g), {"row_mask": ROW_MASK} if ROW_MASK in g.inputs else None)
     return pb.write({"source": source or {}, "batch": None, **(meta or {})})

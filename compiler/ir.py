@@ -55,6 +55,9 @@ class Graph:
     assigns: dict = field(default_factory=dict)  # param/state name -> node id
     values: dict = field(default_factory=dict)  # param/state/const-tensor name -> ndarray
     frozen: set = field(default_factory=set)  # parameter names that get no gradient
+    # trainable parameter names in groups laid out one after another in shared buffers
+    # (compiler/arenas.py): the optimizer updates each group in one kernel
+    arenas: tuple = ()
     named: dict = field(default_factory=dict, repr=False)  # (leaf op, name) -> id, kept by add()
     # leaf op -> {name: id}, kept by add(): leaves() is called per parameter in places, and a
     # scan of all nodes each time was quadratic (8 s of an SD-size training graph)
@@ -75,7 +78,7 @@ class Graph:
         """A graph that can grow apart from this one: its containers copied, its frozen nodes
         and weight arrays shared (never written in place; copying them cost seconds at 135 M)."""
         return Graph(nodes=list(self.nodes), outputs=dict(self.outputs), assigns=dict(self.assigns),
-                     values=dict(self.values), frozen=set(self.frozen), named=dict(self.named),
+                     values=dict(self.values), frozen=set(self.frozen), named=dict(self.named), arenas=self.arenas,
                      by_op={op: dict(v) for op, v in self.by_op.items()})
 
     def leaves(self, op: str) -> dict:

@@ -14,12 +14,13 @@ import msgpack
 import numpy as np
 
 from . import blob as blobs  # (blobs.CHUNK read at write time: tests vary it)
-from .codegen import KernelCode, generate
+from . import arenas
+from .codegen import WG, KernelCode, generate, grid
 from .schedule import Schedule, base_of
 
 MAGIC = b"MNPK\r\n\x1a\n"
 FORMAT_NAME = "meganeura-package"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 ALIGN = 16
 
 
@@ -47,6 +48,18 @@ class PackageBuilder:
         self.reservation = None  # the package's bytes, reserved early (compile.py)
         self.max_bindings = 0
         self.max_workgroups = 0
+        self.leaf_place, self.leaf_spans = {}, {}  # arenas of parameters and optimizer state
+        self.arena_buffer = {}  # their arena -> buffer
+
+    def plan_arenas(self, graphs):
+        """Lay out the parameter groups of `graphs` (compiler/arenas.py) in shared buffers;
+        before add_program, which places each leaf where this put it."""
+        place, spans = arenas.plan_leaves([g for g in graphs if not any(
+            n in self.leaf_tensor for chunk in g.arenas for n in chunk)])
+        self.leaf_place.update(place)
+        for key, span in spans.items():
+            self.leaf_spans[key] = span
+            self.arena_buffer[key] = self._buffer(_arena_bytes(span))
 
     def _buffer(self, size: int) -> int:
         self.buffers.append(int(size))
@@ -59,8 +72,12 @@ class PackageBuilder:
             if tuple(t["shape"]) != node.shape or t["dtype"] != node.dtype:
                 raise ValueError(f"{role} {name!r} has shape {node.shape} here, {t['shape']} elsewhere")
             return self.leaf_tensor[name]
-        entry = {"name": name, "role": role, "dtype": node.dtype, "shape": list(node.shape),
-                 "buffer": self._buffer(nbytes(node)), "init": "zeros"}
+        if name in self.leaf_place:
+            arena, at = self.leaf_place[name]
+            where = {"buffer": self.arena_buffer[arena], "offset": at * 4}
+        else:
+            where = {"buffer": self._buffer(nbytes(node))}
+        entry = {"name": name, "role": role, "dtype": node.dtype, "shape": list(node.shape), **where, "init": "zeros"}
         if _stored(role, value):
             self.blob[name] = self._array(name, node.dtype, value)
             entry["init"] = "blob"
@@ -96,56 +113,87 @@ class PackageBuilder:
 
     def add_program(self, name: str, sched: Schedule, extra: dict | None = None):
         g = sched.graph
+        if g.arenas:
+            self.plan_arenas([g])  # (no-op when compile() planned them with the other programs)
+        arenas.place(sched, self.leaf_place, self.leaf_spans)
         codes, temps = [], {}
         for k in sched.kernels:
             c = generate(sched, k)
             codes.extend(c if isinstance(c, list) else [c])
+        placement = sched.placement
+        codes = arenas.merge_updates(codes, placement, sched.arena_elements, sched.arena_members,
+                                     lambda s: isinstance(s, int) and g.nodes[s].size == 1, grid, WG)
         for c in codes:
             temps.update(c.temps or {})
 
+        def pooled(s):  # binding key -> what the scratch pool holds it in (a gradient: its arena)
+            if isinstance(s, tuple) and s[0] == "view":
+                s = s[1]
+            elif s in placement:
+                s = placement[s][0]
+            return None if s in self.arena_buffer else s
+
         def size_of(s):
-            return temps[s] if s in temps else nbytes(g.nodes[s])
+            if s in temps:
+                return temps[s]
+            return _arena_bytes(sched.arena_elements[s]) if isinstance(s, tuple) else nbytes(g.nodes[s])
         buffer_of = {}  # storage node id -> buffer
         for i, n in enumerate(g.nodes):
             if n.op in ("input", "param", "state", "constant"):
                 buffer_of[i] = self.tensors[self._leaf(n, g.values.get(n.attr("name")))]["buffer"]
-        # liveness of every other storage, in kernel order
+        # liveness of every other storage, in kernel order; a gradient arena lives from its
+        # first gradient's kernel on (groups are small: few gradients wait for the others)
         first, last = {}, {}
         for k, code in enumerate(codes):
             for s, access in code.bindings:
-                if s in buffer_of:
+                s = pooled(s)
+                if s is None or s in buffer_of:
                     continue
                 first.setdefault(s, k)
                 last[s] = k
         end = len(codes)
         outs = {o: sched.storage.get(base_of(g, i), base_of(g, i)) for o, i in g.outputs.items()}
         for s in outs.values():
-            if s not in buffer_of:
-                last[s] = end
+            if pooled(s) is not None and pooled(s) not in buffer_of:
+                last[pooled(s)] = end
         placed = _pack_by_lifetime(first, last, size_of, self._buffer, self.buffers,
                                    self.scratch if self.share_scratch else [])
         self.scratch = sorted(set(self.scratch) | set(placed.values()))
         buffer_of.update(placed)
         peak = _peak(first, last, size_of, end)
+        arena_buffer = {**self.arena_buffer, **{s: b for s, b in placed.items() if isinstance(s, tuple)}}
+
+        def where(s):  # binding key -> (buffer, [byte offset, bytes] or None for all of it)
+            if isinstance(s, tuple) and s[0] == "view":
+                _, arena, lo, count = s
+                return arena_buffer[arena], [lo * 4, -(-count * 4 // ALIGN) * ALIGN]
+            if isinstance(s, tuple) and s[0] != "temp":
+                return arena_buffer[s], None
+            if s in placement:
+                arena, at = placement[s]
+                return arena_buffer[arena], [at * 4, nbytes(g.nodes[s])]
+            return buffer_of[s], None
         outputs = {}
         for oname, s in outs.items():
             n = g.nodes[g.outputs[oname]]
+            b, rng = where(s)
             self.tensors.append({"name": oname, "role": "output", "program": name, "dtype": n.dtype,
-                                 "shape": list(n.shape), "buffer": buffer_of[s], "init": "none"})
+                                 "shape": list(n.shape), "buffer": b, **({"offset": rng[0]} if rng else {}),
+                                 "init": "none"})
             outputs[oname] = len(self.tensors) - 1
         dispatches = []
         for code in codes:
-            entry = self._dispatch(code, buffer_of)
+            entry = self._dispatch(code, where)
             for cls, (wgsl, wgs, groups) in (code.variants or {}).items():
                 alt = KernelCode(wgsl, wgs, code.bindings, groups, code.label + f" ({cls})")
-                v = self._dispatch(alt, buffer_of)
+                v = self._dispatch(alt, where)
                 entry.setdefault("variants", {})[cls] = {"kernel": v["kernel"], "workgroups": v["workgroups"]}
             dispatches.append(entry)
         inputs = {n.attr("name"): self.leaf_tensor[n.attr("name")] for n in g.nodes if n.op == "input"}
         self.programs[name] = {"inputs": inputs, "outputs": outputs, "dispatches": dispatches,
                                "scratch_peak_bytes": int(peak), **(extra or {})}
 
-    def _dispatch(self, code, buffer_of) -> dict:
+    def _dispatch(self, code, where) -> dict:
         """The manifest entry of one dispatch, adding its kernel when new."""
         if code.wgsl not in self.kernel_index:
             self.kernels.append({"label": code.label, "wgsl": code.wgsl, "entry": "main",
@@ -155,12 +203,21 @@ class PackageBuilder:
             self.kernel_index[code.wgsl] = len(self.kernels) - 1
         self.max_bindings = max(self.max_bindings, len(code.bindings))
         self.max_workgroups = max(self.max_workgroups, *code.workgroups)
-        return {"kernel": self.kernel_index[code.wgsl], "buffers": [buffer_of[s] for s, _ in code.bindings],
-                "workgroups": list(code.workgroups)}
+        bound = [where(s) for s, _ in code.bindings]
+        access = {}
+        for (b, _), (_, a) in zip(bound, code.bindings):
+            access.setdefault(b, set()).add(a)
+        if any(len(a) > 1 for a in access.values()):  # WebGPU: one buffer is read or written per dispatch
+            raise RuntimeError(f"kernel {code.label} reads and writes one buffer")
+        entry = {"kernel": self.kernel_index[code.wgsl], "buffers": [b for b, _ in bound],
+                 "workgroups": list(code.workgroups)}
+        if any(r is not None for _, r in bound):
+            entry["ranges"] = [r for _, r in bound]
+        return entry
 
     def write(self, meta: dict) -> bytes:
         blob = self._early if self._early is not None and self._early.same(self.blob) else blobs.Blob(self.blob)
-        persistent = sum(self.buffers[t["buffer"]] for t in self.tensors if t["role"] != "output")
+        persistent = sum(self.buffers[b] for b in {t["buffer"] for t in self.tensors if t["role"] != "output"})
         manifest = {
             "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "compiler_version": self.version,
             "requires": {"features": [], "limits": {
@@ -190,6 +247,10 @@ class PackageBuilder:
                 self.reservation.release()
 
 
+def _arena_bytes(elements: int) -> int:
+    return max(ALIGN, -(-elements * 4 // ALIGN) * ALIGN)
+
+
 def _pack_by_lifetime(first: dict, last: dict, size_of, new_buffer, buffers, pool=()) -> dict:
     """Storage -> buffer. Largest tensors first, each into the first buffer none of whose
     tensors is alive at the same time (so a buffer is as big as its first tensor), else a
@@ -201,7 +262,9 @@ def _pack_by_lifetime(first: dict, last: dict, size_of, new_buffer, buffers, poo
     # instead of a bisect, 0.4 s -> 0.1 s over an SD-size training step's ~10,000 tensors.)
     spans = [[b, buffers[b], 0] for b in sorted(pool, key=lambda b: -buffers[b])]
     size = {s: size_of(s) for s in first}
-    for s in sorted(first, key=lambda s: (-size[s], first[s], s)):
+    order = {s: (-size[s], first[s], 0, s, "") if isinstance(s, int) else (-size[s], first[s], 1, 0, repr(s))
+             for s in first}  # (node ids before temps and arenas on ties)
+    for s in sorted(first, key=order.__getitem__):
         need = size[s]
         busy = ((1 << (last[s] - first[s] + 1)) - 1) << first[s]
         for span in spans:

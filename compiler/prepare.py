@@ -14,7 +14,7 @@ from .reductions import reduce_geometry
 
 def prepare(graph: Graph) -> Graph:
     """A new graph holding only ops that have kernels, views, or leaves."""
-    out = Graph(values=dict(graph.values), frozen=set(graph.frozen))
+    out = Graph(values=dict(graph.values), frozen=set(graph.frozen), arenas=graph.arenas)
     e = Emitter(out)
     remap = {}
     raw_add = out.add

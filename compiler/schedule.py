@@ -535,12 +535,13 @@ def _order(graph, kernels, kernel_of, inplace):
     return _sink_chains(graph, kernels, kernel_of, order, users) if SINK_CHAINS else order
 
 
-# Experiment, off until its GPU time is measured: move a kernel, with the producers that only it
-# reads, down to just before its first reader (or in-place writer) when every other tensor they
-# read is read there or later anyway, so that no lifetime grows. The backward's recomputed
-# forward values (attention probabilities through the decomposition) ran early in kernel order
-# and were held, every layer's at once, until their layer's turn.
-SINK_CHAINS = False
+# Move a kernel, with the producers that only it reads, down to just before its first reader
+# (or in-place writer) when every other tensor they read is read there or later anyway, so that
+# no lifetime grows. The backward's recomputed forward values (attention probabilities through
+# the decomposition) ran early in kernel order and were held, every layer's at once, until
+# their layer's turn. H200, one run each way: memory SD-1.5 16.6 -> 15.2 GB, SmolLM2 2556 ->
+# 2495 MiB, DINOv2 384 -> 370; GPU time the same or 1-2.5% less on all six models.
+SINK_CHAINS = True
 SINK_CHAIN_LENGTH = 8  # kernels moved together at most
 
 

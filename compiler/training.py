@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import arenas
 from .autodiff import gradients
 from .emit import Emitter
 from .ir import Graph
 from .ops_layers import batch_statistics
-from .schedule import MAX_BINDINGS
 
 ROW_MASK = "__row_mask"  # hidden input: 1 for real rows of a batch, 0 for padding
 
@@ -80,7 +80,9 @@ def attach_optimizer(g: Graph, loss: int, cfg: TrainConfig) -> Graph:
     grads = gradients(e, loss, list(trainable.values()))
     if cfg.clip_norm is not None:
         grads = _clip(e, grads, cfg.clip_norm)
-    ok = _all_finite(e, loss, grads) if cfg.skip_nonfinite else e.const(1.0)
+    g.arenas = arenas.layout({n: g.nodes[i].size for n, i in trainable.items() if i in grads})
+    ok = _all_finite(e, loss, grads, [[trainable[n] for n in chunk] for chunk in g.arenas]) \
+        if cfg.skip_nonfinite else e.const(1.0)
     lr = e.leaf("state", "optimizer.lr", (), "f32", np.float32(cfg.lr))
     guarded = set()  # assigns that keep their old value when ok is 0 by themselves
     if cfg.optimizer == "sgd":
@@ -139,25 +141,13 @@ def _clip(e, grads, max_norm):
     return {k: e.op("mul", gid, scale) for k, gid in grads.items()}
 
 
-# tensors per count_nonfinite kernel: with its output (or, split, its partial sums) and one
-# binding to spare, within the storage bindings a kernel may use
-COUNT_GROUP = MAX_BINDINGS - 2
-
-
-def _all_finite(e, loss, grads):
-    """1 when the loss and every gradient are finite, else 0: computed on the GPU."""
-    groups, elements = [[loss]], 1
-    for gid in grads.values():  # elements are indexed by u32 across a group: keep under 2^31
-        size = math.prod(e.shape(gid))
-        if len(groups[-1]) == COUNT_GROUP or elements + size >= 1 << 31:
-            groups.append([])
-            elements = 0
-        groups[-1].append(gid)
-        elements += size
-    counts = [e.op("count_nonfinite", *group) for group in groups]
-    while len(counts) > 1:  # a balanced tree: few dependent kernels, each within the binding limit
-        counts = [e.op("add", a, b) for a, b in zip(counts[::2], counts[1::2])] + counts[len(counts) & ~1:]
-    return e.op("eq", counts[0], e.const(0.0))
+def _all_finite(e, loss, grads, chunks):
+    """1 when the loss and every gradient are finite, else 0: computed on the GPU by one
+    count over all of them (codegen splits it into passes within the binding limit; the
+    gradients of an arena group, in its order here, are read as one range of their arena)."""
+    order = [p for chunk in chunks for p in chunk]
+    order += [p for p in grads if p not in set(order)]
+    return e.op("eq", e.op("count_nonfinite", loss, *[grads[p] for p in order]), e.const(0.0))
 
 
 def _reject_nonfinite(e, ok, guarded):

@@ -169,7 +169,7 @@ class TensorOverlay:
         self.palette = palette.astype(np.uint8) if palette.dtype.kind in "iu" else np.round(
             np.clip(palette, 0, 1) * 255).astype(np.uint8)
         self.layout, self.threshold, self.batch_index = layout, float(threshold), batch_index
-        self.source = session.buffers[t["buffer"]]
+        self.source, offset = session.buffers[t["buffer"]], t.get("offset", 0)
         self.dispatches = 1
         dev = self.device
         self.texture = dev.create_texture(
@@ -187,7 +187,7 @@ class TensorOverlay:
             layout="auto", compute={"module": dev.create_shader_module(code=load_wgsl("overlay.wgsl")),
                                     "entry_point": "main"}, label="tensor->overlay")
         self._group = dev.create_bind_group(layout=self._pipeline.get_bind_group_layout(0), entries=[
-            {"binding": 0, "resource": {"buffer": self.source, "offset": 0, "size": self.source.size}},
+            {"binding": 0, "resource": {"buffer": self.source, "offset": offset, "size": self.source.size - offset}},
             {"binding": 1, "resource": {"buffer": pal, "offset": 0, "size": pal.size}},
             {"binding": 2, "resource": {"buffer": ubuf, "offset": 0, "size": 32}},
             {"binding": 3, "resource": self.texture.create_view()}])

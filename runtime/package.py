@@ -20,12 +20,13 @@ import numpy as np
 
 MAGIC = b"MNPK\r\n\x1a\n"
 FORMAT_NAME = "meganeura-package"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 MAX_MANIFEST = 256 << 20
 ROLES = ("input", "param", "state", "constant", "output")
 DTYPES = {"f32": np.float32, "i32": np.int32}
 ACCESS = ("read", "read_write")
 READ_STEP = 64 << 20  # bytes per read task when loading a file
+OFFSET_ALIGN = 256  # byte offsets of tensors and bound ranges: WebGPU's largest minStorageBufferOffsetAlignment
 DEVICE_CLASSES = ("cpu", "gpu")  # kernel variants: CPU rasterisers (lavapipe) rank kernels differently
 
 
@@ -201,8 +202,13 @@ def validate_manifest(m) -> None:
             _int(d, f"{w}.shape", 0, 1 << 32)
         size = int(np.prod(shape, dtype=np.int64)) * 4
         b = _int(_key(t, "buffer", w), f"{w}.buffer", 0, nbuf - 1 if nbuf else -1)
-        if size > buffers[b]:
-            _fail(f"{w} ({name}): {size} bytes do not fit buffer {b} of {buffers[b]} bytes")
+        offset = _int(t.get("offset", 0), f"{w}.offset")
+        if offset % OFFSET_ALIGN:
+            _fail(f"{w}.offset: {offset} is not a multiple of {OFFSET_ALIGN}")
+        if role == "input" and offset:
+            _fail(f"{w}: an input is a buffer of its own (offset {offset})")
+        if offset + size > buffers[b]:
+            _fail(f"{w} ({name}): {size} bytes at offset {offset} do not fit buffer {b} of {buffers[b]} bytes")
         if role != "output":
             if name in leaf_names:
                 _fail(f"{w}: tensor name {name!r} appears twice")
@@ -257,9 +263,15 @@ def validate_manifest(m) -> None:
                 _fail(f"{dw}: {len(bufs)} buffers for a kernel with {len(kernels[k]['access'])} bindings")
             for bi in bufs:
                 _int(bi, f"{dw}.buffers", 0, nbuf - 1 if nbuf else -1)
-            writes = [bi for bi, a in zip(bufs, kernels[k]["access"]) if a == "read_write"]
-            if any(bufs.count(bi) != 1 for bi in writes):
-                _fail(f"{dw}: a buffer is bound for writing twice, or for reading and writing")
+            ranges = _ranges(d, dw, bufs, buffers)
+            access = kernels[k]["access"]
+            for bi in {bi for bi, a in zip(bufs, access) if a == "read_write"}:
+                # WebGPU refuses a buffer read and written in one dispatch; written twice, the
+                # ranges must not overlap
+                spans = sorted((r or [0, buffers[bi]], a) for b, r, a in zip(bufs, ranges, access) if b == bi)
+                if any(a != "read_write" for _, a in spans) or \
+                        any(lo < prev[0] + prev[1] for (prev, _), ((lo, _), _) in zip(spans, spans[1:])):
+                    _fail(f"{dw}: buffer {bi} is bound for reading and writing, or written twice where ranges meet")
             _workgroups(d, dw)
             for cls, v in _dict(d.get("variants", {}), f"{dw}.variants").items():
                 vw = f"{dw}.variants[{cls!r:.20}]"
@@ -295,6 +307,24 @@ def validate_manifest(m) -> None:
             _str(f, "training.frozen", 512)
         if "train_step" not in programs:
             _fail("training: no 'train_step' program")
+
+
+def _ranges(d, where, bufs, buffers) -> list:
+    """A dispatch's bound ranges: [byte offset, bytes] per binding, None for a whole buffer."""
+    if "ranges" not in d:
+        return [None] * len(bufs)
+    ranges = _list(d["ranges"], f"{where}.ranges", len(bufs))
+    if len(ranges) != len(bufs):
+        _fail(f"{where}.ranges: {len(ranges)} ranges for {len(bufs)} buffers")
+    for r, bi in zip(ranges, bufs):
+        if r is None:
+            continue
+        r = _list(r, f"{where}.ranges", 2)
+        lo, size = (_int(v, f"{where}.ranges") for v in r) if len(r) == 2 else (-1, 0)
+        if lo % OFFSET_ALIGN or size <= 0 or size % 4 or lo + size > buffers[bi]:
+            _fail(f"{where}.ranges: {r!r:.40} is not a range of buffer {bi} ({buffers[bi]} bytes) at a "
+                  f"multiple of {OFFSET_ALIGN} bytes")
+    return ranges
 
 
 def _workgroups(d, where):

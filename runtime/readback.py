@@ -25,7 +25,7 @@ class Readback:
         if p is None or output not in p["outputs"]:
             raise KeyError(f"program {program!r} has no output {output!r}")
         self.tensor = t = session.tensors[p["outputs"][output]]
-        self.source = session.buffers[t["buffer"]]
+        self.source, self.offset = session.buffers[t["buffer"]], t.get("offset", 0)
         self.count = int(np.prod(t["shape"], dtype=np.int64))
         self.nbytes = max(4, self.count * 4)
         self.dtype = np.int32 if t["dtype"] == "i32" else np.float32
@@ -46,7 +46,7 @@ class Readback:
         self.frame += 1
         for s in self.slots:
             if s["state"] == FREE:
-                encoder.copy_buffer_to_buffer(self.source, 0, s["buffer"], 0, -(-self.nbytes // 4) * 4)
+                encoder.copy_buffer_to_buffer(self.source, self.offset, s["buffer"], 0, -(-self.nbytes // 4) * 4)
                 s["state"], s["frame"] = COPIED, self.frame
                 return True
         self.skipped += 1

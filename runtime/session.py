@@ -54,7 +54,8 @@ class Session:
             "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu")
         # each dispatch as this device class runs it, and its bind group's key (layout, buffers):
         # pooled scratch makes many dispatches bind alike, and those share one bind group
-        chosen = {name: [(d, (tuple(m["kernels"][d["kernel"]]["access"]), tuple(d["buffers"])))
+        chosen = {name: [(d, (tuple(m["kernels"][d["kernel"]]["access"]), tuple(d["buffers"]),
+                              tuple(None if r is None else tuple(r) for r in d.get("ranges") or [None] * len(d["buffers"]))))
                          for d in ({**d, **d.get("variants", {}).get(self.device_class, {})} for d in p["dispatches"])]
                   for name, p in m["programs"].items()}
         used = {d["kernel"] for steps in chosen.values() for d, _ in steps}
@@ -201,9 +202,10 @@ class Session:
     def __exit__(self, *exc):
         self.close()
 
-    def _bind_group(self, program, j, access, buffers):
-        entries = [{"binding": b, "resource": {"buffer": self.buffers[bi], "offset": 0, "size": self.buffers[bi].size}}
-                   for b, bi in enumerate(buffers)]
+    def _bind_group(self, program, j, access, buffers, ranges):
+        entries = [{"binding": b, "resource": {"buffer": self.buffers[bi], "offset": r[0] if r else 0,
+                                               "size": r[1] if r else self.buffers[bi].size}}
+                   for b, (bi, r) in enumerate(zip(buffers, ranges))]
         try:
             return self.device.create_bind_group(layout=self._layouts[access][0], entries=entries)
         except self._wgpu.GPUValidationError as exc:
@@ -236,7 +238,7 @@ class Session:
     def _write(self, t, value):
         arr = np.ascontiguousarray(value, dtype=DTYPES[t["dtype"]])
         if arr.nbytes:  # straight from the array: wgpu copies it into its staging memory
-            self.device.queue.write_buffer(self.buffers[t["buffer"]], 0, arr)
+            self.device.queue.write_buffer(self.buffers[t["buffer"]], t.get("offset", 0), arr)
 
     # ---------------------------------------------------------------- running
     def record(self, encoder, program: str, start: int = 0, stop: int | None = None, pass_kwargs=None):
@@ -339,7 +341,8 @@ class Session:
             if key not in self._staging:
                 self._staging[key] = self.device.create_buffer(
                     size=-(-size // 8) * 8, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-            enc.copy_buffer_to_buffer(self.buffers[t["buffer"]], 0, self._staging[key], 0, -(-size // 4) * 4)
+            enc.copy_buffer_to_buffer(self.buffers[t["buffer"]], t.get("offset", 0), self._staging[key], 0,
+                                      -(-size // 4) * 4)
             staged.append((name, t, size))
         self.device.queue.submit([enc.finish()])
         out = {}
@@ -369,9 +372,9 @@ class Session:
         t = self.package.tensor(name, role)
         if t is None:
             raise KeyError(f"no {role} named {name!r}")
-        with self._gpu(f"reading {name}"):
-            data = self.device.queue.read_buffer(self.buffers[t["buffer"]], 0, self.buffers[t["buffer"]].size)
         count = int(np.prod(t["shape"], dtype=np.int64))
+        with self._gpu(f"reading {name}"):
+            data = self.device.queue.read_buffer(self.buffers[t["buffer"]], t.get("offset", 0), max(4, count * 4))
         return np.frombuffer(data, dtype=DTYPES[t["dtype"]])[:count].reshape(t["shape"]).copy()
 
     def write_tensor(self, name: str, value, role: str = "state") -> None:

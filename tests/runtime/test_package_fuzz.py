@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from meganeura.compiler import Builder, TrainConfig, compile_model
 from meganeura.runtime import GPUOutOfMemoryError, Package, PackageError, Session
-from meganeura.runtime.package import MAGIC
+from meganeura.runtime.package import FORMAT_VERSION, MAGIC
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +40,12 @@ def seal(manifest: dict, blob: bytes) -> bytes:
         if isinstance(k, dict) and isinstance(k.get("wgsl"), str):
             k["sha256"] = hashlib.sha256(k["wgsl"].encode()).hexdigest()
     man = msgpack.packb(manifest, use_bin_type=True)
-    head = MAGIC + struct.pack("<IQ", 2, len(man)) + man + struct.pack("<Q", len(blob))
+    head = MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(man)) + man + struct.pack("<Q", len(blob))
     return head + blob + hashlib.sha256(head).digest()  # the blob is covered by blob_checksum
 
 
 def test_good_package_loads_and_reseals(good):
-    assert Package.from_bytes(good).manifest["format_version"] == 2
+    assert Package.from_bytes(good).manifest["format_version"] == FORMAT_VERSION
     m, blob = split(good)
     assert seal(m, blob) == good
 
@@ -104,6 +104,7 @@ def _manifest_mutations(m: dict, rng: random.Random):
             if t["role"] == "output":
                 del t["program"]
         yield f"tensor {choice}", mm
+    yield from _range_mutations(m, rng)
     for _ in range(40):
         mm = copy.deepcopy(m)
         choice = rng.randrange(9)
@@ -131,7 +132,7 @@ def _manifest_mutations(m: dict, rng: random.Random):
             if isinstance(mm.get("programs"), dict) and not mm["programs"]:
                 pass  # an empty program map lacks "infer": also invalid
         elif choice == 7:
-            mm["format_version"] = rng.choice([0, 1, 3, "2", None])
+            mm["format_version"] = rng.choice([0, 1, FORMAT_VERSION + 1, str(FORMAT_VERSION), None])
         else:
             ck = mm["blob_checksum"]
             k = rng.choice(["algorithm", "chunk_bytes", "values", "values", "drop"])
@@ -141,6 +142,51 @@ def _manifest_mutations(m: dict, rng: random.Random):
                 ck[k] = {"algorithm": rng.choice(["sha256", "", None]), "chunk_bytes": rng.choice([0, 7, -1, 1 << 40]),
                          "values": rng.choice([b"", b"\0" * len(ck["values"]), ck["values"] + b"\0" * 4, "x"])}[k]
         yield f"manifest {choice}", mm
+
+
+def _range_mutations(m: dict, rng: random.Random):
+    """Tensors at offsets in shared buffers and dispatches binding ranges (the arenas of
+    parameters, optimizer state and gradients): each mutation breaks one rule."""
+    ranged = [(p, j) for p, q in m["programs"].items() for j, d in enumerate(q["dispatches"]) if d.get("ranges")]
+    placed = [i for i, t in enumerate(m["tensors"]) if t.get("offset")]
+    inputs = [i for i, t in enumerate(m["tensors"]) if t["role"] == "input"]
+    assert ranged and placed, "the fuzzed package should place tensors in arenas"
+    def written_twice(d):  # binding pairs writing one buffer (gradients of one arena)
+        access = m["kernels"][d["kernel"]]["access"]
+        rw = [k for k, a in enumerate(access) if a == "read_write"]
+        return [(a, b) for a in rw for b in rw if a < b and d["buffers"][a] == d["buffers"][b]]
+    twice = [(p, j) for p, j in ranged if written_twice(m["programs"][p]["dispatches"][j])]
+    for _ in range(40):
+        mm = copy.deepcopy(m)
+        choice = rng.randrange(7)
+        p, j = rng.choice(twice if choice == 3 and twice else ranged)
+        d = mm["programs"][p]["dispatches"][j]
+        b = next(i for i, r in enumerate(d["ranges"]) if r)
+        size = mm["buffers"][d["buffers"][b]]
+        if choice == 0:
+            d["ranges"][b] = rng.choice([[1, 16], [0, 0], [0, 3], [256], "x", [0, 1 << 50], [-256, 16], [0, size + 4]])
+        elif choice == 1:
+            d["ranges"] = d["ranges"][:-1]
+        elif choice == 2:
+            d["ranges"][b] = [-(-size // 256) * 256, 16]  # past the buffer's end
+        elif choice == 3 and twice:  # two gradients written at overlapping ranges
+            a, c = rng.choice(written_twice(d))
+            d["ranges"][c] = [d["ranges"][a][0], d["ranges"][c][1] + 256]
+        elif choice == 3:  # a range read from a buffer the dispatch writes
+            access = mm["kernels"][d["kernel"]]["access"]
+            w = [k for k, a in enumerate(access) if a == "read_write"]
+            r = [k for k, a in enumerate(access) if a == "read"]
+            if not (w and r):
+                continue
+            d["buffers"][r[0]], d["ranges"][r[0]] = d["buffers"][w[0]], [0, 16]
+        elif choice == 4:
+            t = mm["tensors"][rng.choice(placed)]
+            t["offset"] = rng.choice([1, 4, 128, -256, 1 << 50, "256", None, mm["buffers"][t["buffer"]]])
+        elif choice == 5:
+            mm["tensors"][rng.choice(inputs)]["offset"] = 256
+        else:
+            d["ranges"] = rng.choice([{}, "ranges", [None] * (len(d["buffers"]) + 1)])
+        yield f"range {choice}", mm
 
 
 OTHER_TYPES = [None, True, False, 0, -1, 1 << 40, 2**63, 3.5, float("nan"), "", "x" * 9, b"\x00\xff",
@@ -505,3 +551,30 @@ def test_odd_safetensors_headers_are_package_errors(good, entry):
         for o in range(0, len(deep), m["blob_checksum"]["chunk_bytes"]))
     with pytest.raises(PackageError, match="weights"):
         Package.from_bytes(seal(m, deep))
+
+
+def test_gradients_of_one_arena_are_written_apart(device):
+    """Three gradients written by one dispatch into their arena: distinct ranges load and
+    train; the same dispatch with two ranges overlapping is refused before the GPU sees it."""
+    b = Builder()
+    x = b.input("x", (2, 3))
+    out = None
+    for i in range(3):
+        w = b.param(f"w{i}", np.array([[1.0, 2.0, 3.0]]))
+        term = b.sum(b.sqrt(w) * x, axes=(1,), keepdims=True)
+        out = term if out is None else out + term
+    b.output("y", b.reshape(out, (2, 1)))
+    data = compile_model(b.build(), TrainConfig(loss="mse"))
+    m, blob = split(data)
+    access = lambda d: m["kernels"][d["kernel"]]["access"]  # noqa: E731
+    hits = [(j, [k for k, a in enumerate(access(d)) if a == "read_write"])
+            for j, d in enumerate(m["programs"]["train_step"]["dispatches"])]
+    j, rw = next((j, rw) for j, rw in hits if len(rw) == 3 and len({m["programs"]["train_step"]["dispatches"][j]
+                                                                      ["buffers"][k] for k in rw}) == 1)
+    session = Session(device, Package.from_bytes(data))
+    session.run("train_step", {"x": np.ones((2, 3)), "labels": np.zeros((2, 1))})
+    assert session.skipped_steps == 0
+    d = m["programs"]["train_step"]["dispatches"][j]
+    d["ranges"][rw[1]] = list(d["ranges"][rw[0]])
+    with pytest.raises(PackageError, match="written twice where ranges meet"):
+        Package.from_bytes(seal(m, blob))

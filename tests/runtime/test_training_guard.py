@@ -110,8 +110,9 @@ def test_nan_inputs_are_refused_by_name(device):
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 @pytest.mark.parametrize("bad", [0, 1, 2])
 def test_one_bad_gradient_among_merged_checks_is_caught(device, bad, optimizer):
-    """The loss and the gradients are checked by one kernel (count_nonfinite over all four):
-    an infinite gradient in any one of them rejects the step."""
+    """The loss and the gradients are checked by one kernel (count_nonfinite over all four; the
+    gradients are ranges of one arena, apart by its padding): an infinite gradient in any one
+    of them rejects the step. The three parameters' updates are one kernel."""
     b = Builder()
     x = b.input("x", (2, 3))
     out = None
@@ -122,10 +123,40 @@ def test_one_bad_gradient_among_merged_checks_is_caught(device, bad, optimizer):
     b.output("y", b.reshape(out, (2, 1)))
     pkg = Package.from_bytes(compile_model(b.build(), TrainConfig(loss="mse", optimizer=optimizer)))
     labels = [pkg.manifest["kernels"][d["kernel"]]["label"] for d in pkg.programs["train_step"]["dispatches"]]
-    assert "count_nonfinite x4" in labels, labels  # the checks share a kernel
+    assert labels.count("count_nonfinite x4") == 1, labels  # the checks share a kernel
+    assert len([label for label in labels if label.endswith(" x3")]) == 1, labels  # one update
     session = Session(device, pkg)
     before = everything(session)
     session.run("train_step", {"x": np.ones((2, 3)), "labels": np.zeros((2, 1))})
+    assert session.skipped_steps == 1
+    for key, value in everything(session).items():
+        if key != ("state", "optimizer.skipped_steps"):
+            np.testing.assert_array_equal(value, before[key], err_msg=str(key))
+
+
+@pytest.mark.parametrize("bad", [0, 11, None])
+def test_a_bad_gradient_in_any_counting_pass_is_caught(device, bad):
+    """Twelve gradients with padding between them in their arena: thirteen ranges (with the
+    loss) take two counting passes and a sum; a bad gradient in either pass rejects the step,
+    and with none (whatever the padding holds) the step goes through."""
+    b = Builder()
+    x = b.input("x", (2, 3))
+    out = None
+    for i in range(12):
+        w = b.param(f"w{i}", np.array([[1.0, 2.0, 0.0 if i == bad else 3.0]]))
+        term = b.sum(b.sqrt(w) * x, axes=(1,), keepdims=True)
+        out = term if out is None else out + term
+    b.output("y", b.reshape(out, (2, 1)))
+    pkg = Package.from_bytes(compile_model(b.build(), TrainConfig(loss="mse")))
+    labels = [pkg.manifest["kernels"][d["kernel"]]["label"] for d in pkg.programs["train_step"]["dispatches"]]
+    assert "count_nonfinite/sum" in labels, labels
+    session = Session(device, pkg)
+    before = everything(session)
+    session.run("train_step", {"x": np.ones((2, 3)), "labels": np.zeros((2, 1))})
+    if bad is None:
+        assert session.skipped_steps == 0
+        assert not np.array_equal(session.read_tensor("w5"), before[("param", "w5")])
+        return
     assert session.skipped_steps == 1
     for key, value in everything(session).items():
         if key != ("state", "optimizer.skipped_steps"):
