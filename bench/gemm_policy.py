@@ -1,6 +1,6 @@
 """GEMM and attention plans on this GPU: each transformer-sized matmul (with its bias or
 GELU epilogue) and attention of the bench's models, under several codegen_gemm.GEMM_PLAN /
-codegen_nn.ATTENTION_PLAN settings, GPU time by timestamps, cuBLAS / SDPA beside them.
+codegen_attention.ATTENTION_PLAN settings, GPU time by timestamps, cuBLAS / SDPA beside them.
 Picks the plan with the least total time; the defaults in codegen come from here.
 
     python bench/gemm_policy.py [--out DIR]
@@ -192,7 +192,7 @@ def main(argv=None):
     if args.smoke:
         ATTENTION_BACKWARDS[:] = [(1, 2, 40, 30, 8)]
         GEMMS, ATTENTIONS, ITERS = [(33, 40, 20, "gelu"), (20, 600, 30, "bias"), (1, 4, 6, "conv3x3")], [(1, 2, 40, 300, 8)], 3
-    from meganeura.compiler import codegen_gemm, codegen_nn
+    from meganeura.compiler import codegen_attention, codegen_gemm
     from meganeura.runtime.device import default_device
 
     device = default_device()
@@ -203,7 +203,7 @@ def main(argv=None):
         cuda = torch.cuda.is_available()
     except ImportError:
         cuda = False
-    rows, saved_g, saved_a = [], dict(codegen_gemm.GEMM_PLAN), dict(codegen_nn.ATTENTION_PLAN)
+    rows, saved_g, saved_a = [], dict(codegen_gemm.GEMM_PLAN), dict(codegen_attention.ATTENTION_PLAN)
     for m, k, n, epi in GEMMS:
         model, inputs = _gemm_model(m, k, n, epi)
         row = {"case": f"gemm {m}x{k}x{n} +{epi}", "plans": {}}
@@ -220,28 +220,28 @@ def main(argv=None):
         model, inputs = _attention_model(*shape)
         row = {"case": f"attention {shape}", "plans": {}}
         for name, plan in ATTENTION_PLANS.items():
-            codegen_nn.ATTENTION_PLAN.update(plan)
+            codegen_attention.ATTENTION_PLAN.update(plan)
             row["plans"][name] = _ours(device, model, inputs)
         if cuda:
             row["torch_us"] = _torch_us(_torch_attention(inputs))
         print(json.dumps(row), flush=True)
         rows.append(row)
-    codegen_nn.ATTENTION_PLAN.update(saved_a)
+    codegen_attention.ATTENTION_PLAN.update(saved_a)
     from meganeura.compiler import ops_layers
 
-    saved_b = dict(codegen_nn.ATTENTION_BWD_PLAN)
+    saved_b = dict(codegen_attention.ATTENTION_BWD_PLAN)
     saved_l = {k: getattr(ops_layers, k) for k in ("BACKWARD_BUDGET", "SCORES_IN_MEMORY_MAX", "SCORES_PARAM_SHARE")}
     for shape in ATTENTION_BACKWARDS:
         row = {"case": f"attention_backward {shape} (forward included)", "plans": {}}
         for name, (vec4, budget, fused) in ATTENTION_BWD_PLANS.items():
-            codegen_nn.ATTENTION_BWD_PLAN["vec4_loads"] = vec4
+            codegen_attention.ATTENTION_BWD_PLAN["vec4_loads"] = vec4
             ops_layers.BACKWARD_BUDGET = budget
             # the gradient rule picks fused or decomposed as the graph is built: force it
             ops_layers.SCORES_IN_MEMORY_MAX = 0 if fused else float("inf")
             ops_layers.SCORES_PARAM_SHARE = 0 if fused else float("inf")
             model, inputs = _attention_backward_model(*shape)
             row["plans"][name] = _ours(device, model, inputs)
-        codegen_nn.ATTENTION_BWD_PLAN.update(saved_b)
+        codegen_attention.ATTENTION_BWD_PLAN.update(saved_b)
         for k, v in saved_l.items():
             setattr(ops_layers, k, v)
         if cuda:

@@ -108,11 +108,11 @@ def as_vec4(decls: str, names) -> str:
 def generate(sched: Schedule, kernel: Kernel) -> KernelCode:
     if kernel.kind == "elementwise":
         return _elementwise(sched, kernel)
-    from . import codegen_gemm, codegen_nn
+    from . import codegen_attention, codegen_gemm, codegen_nn
 
     kinds = {"matmul": codegen_gemm.matmul, "reduce": _reduce, "count_nonfinite": _count_nonfinite,
              "softmax": _softmax, "norm": _norm,
-             "attention": codegen_nn.attention, "conv": codegen_nn.conv,
+             "attention": codegen_attention.attention, "conv": codegen_nn.conv,
              "pool": codegen_nn.pool, "gather": codegen_nn.gather}
     return kinds[kernel.kind](sched, kernel)
 
@@ -265,6 +265,7 @@ def _reduce(sched: Schedule, k: Kernel):
 # tensors (or arena ranges) per counting pass: with its output (or, split, its partial sums)
 # and one binding to spare, within the storage bindings a kernel may use
 COUNT_GROUP = MAX_BINDINGS - 2
+COUNT_SLICE = 2048  # elements per workgroup of a counting pass, at least
 
 
 def _count_nonfinite(sched: Schedule, k: Kernel):
@@ -327,7 +328,10 @@ def _count_pass(sched, spans, store):
         lines.append("    return 0.0;")
     load = "fn load(which: u32, idx: u32) -> f32 {\n" + "\n".join(lines) + "\n}"
     red = max(start, 1)
-    split = reduce_split(1, red, 1)
+    # one count over up to millions of elements: a workgroup per COUNT_SLICE of them (up to 8,192;
+    # reduce_split's ~2,000 workgroups of 64 threads left SD-1.5's 3.4 GB at 0.5 TB/s)
+    split = 1 if red < 2 * COUNT_SLICE else min(red // COUNT_SLICE, 8192)
+    split = -(-red // -(-red // split))  # no empty slice
     out_bind = bind if split == 1 else _Bindings(g, sched.storage)
     return _reduction((1, red, 1, 1, split), False, bind, out_bind, [load], [store(out_bind)], True,
                       f"count_nonfinite x{len(pieces)}")

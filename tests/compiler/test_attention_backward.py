@@ -83,10 +83,10 @@ def _run(device, qs, ks, at, wrt="qkv", seed=0):
 @pytest.mark.parametrize("vec4", [False, True], ids=["scalar_loads", "vec4_loads"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fused_backward_matches_torch(name, vec4, device, monkeypatch):
-    """Both ways the kernels read q, k, v, o and dO (codegen_nn.ATTENTION_BWD_PLAN)."""
-    from meganeura.compiler import codegen_nn
+    """Both ways the kernels read q, k, v, o and dO (codegen_attention.ATTENTION_BWD_PLAN)."""
+    from meganeura.compiler import codegen_attention
 
-    monkeypatch.setitem(codegen_nn.ATTENTION_BWD_PLAN, "vec4_loads", vec4)
+    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "vec4_loads", vec4)
     qs, ks, at = CASES[name]
     got, ref, labels = _run(device, qs, ks, at)
     assert "attention_dq" in labels and "attention_dkv" in labels, labels
@@ -118,9 +118,9 @@ def test_head_transposes_are_read_and_written_in_place(causal, vec4, device, mon
     """q, k, v built as [b, t, h, d] and transposed (as every transformer builds them), the output
     transposed back: the backward reads dO and writes dQ, dK, dV through those transposes, the
     forward writes its output through one; no transpose kernel is left. Weight gradients vs torch."""
-    from meganeura.compiler import codegen_nn
+    from meganeura.compiler import codegen_attention
 
-    monkeypatch.setitem(codegen_nn.ATTENTION_BWD_PLAN, "vec4_loads", vec4)
+    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "vec4_loads", vec4)
     rng = np.random.default_rng(3)
     bsz, t, hq, hk, d = 2, 11, 4, 2, 8
     b = Builder()

@@ -1,0 +1,305 @@
+"""WGSL for attention: the fused forward (kernels/attention.wgsl) and FlashAttention-2's
+backward (kernels/attention_dq.wgsl, kernels/attention_dkv.wgsl), reading q, k, v through
+strides so that head transposes need no copies."""
+from __future__ import annotations
+
+from .codegen import WG, KernelCode, _Bindings, _strides, _temp_ids, as_vec4, grid, per_output
+from .schedule import Kernel, Schedule, base_of
+from .wgsl import render
+
+
+def _bind_strided(sched: Schedule, bind: _Bindings, i: int) -> tuple:
+    """Binds input `i` to a slot of its own and returns its (batch, head, token) strides;
+    a head transpose in front of it (a schedule view) is read in place: [b, t, h, d] strides,
+    permuted."""
+    g = sched.graph
+    if i in sched.views:
+        st = _strides(g.nodes[g.nodes[i].inputs[0]].shape)
+        bind.use(sched.views[i], own=True)
+        return st[0], st[2], st[1]
+    if i in sched.written:  # an attention output its kernel wrote in [b, t, h, d] layout
+        st = _strides(g.nodes[sched.written[i]].shape)
+        bind.use(i, own=True)
+        return st[0], st[2], st[1]
+    st = _strides(g.nodes[i].shape)
+    bind.use(base_of(g, i), own=True)
+    return st[0], st[1], st[2]
+
+
+# attention splits its keys into ranges of at least `min_split_keys` (H200: 257 tokens 61.9 us
+# with 128, 40.7 with 32) until about `fill` workgroups run, when there are at least `min_keys`
+# (bench/gemm_policy.py on the H200: SmolVLA's 163 keys 57 -> 32 us; 1,500 tokens 364 us at
+# 256 workgroups, 301 at 1,024, but the partial softmaxes then took Whisper-tiny's training
+# step from 267.6 to 277.0 MB, over PyTorch's 268.7: 512 keeps it at 267.9)
+ATTENTION_PLAN = {"min_split_keys": 32, "fill": 512, "min_keys": 64}
+
+
+def attention(sched: Schedule, k: Kernel) -> KernelCode:
+    """Fused attention (see kernels/attention.wgsl); a CPU-rasteriser variant reads keys and
+    values straight from memory instead of staging them behind barriers. The kernel also
+    writes each row's log-sum-exp when the graph holds an attention_lse sibling (training),
+    and the gradient's siblings become the two backward kernels."""
+    import math
+
+    from .codegen import f32_literal
+
+    g = sched.graph
+    roots = {g.nodes[r].op: r for r in k.roots}
+    if "attention_grad" in roots:
+        return attention_backward(sched, k)
+    r_out, r_lse = roots.get("attention"), roots.get("attention_lse")
+    n = g.nodes[k.roots[0]]
+    q, kk, v = (g.nodes[i] for i in n.inputs)
+    b, h, s, d = q.shape
+    hk, t = kk.shape[1], kk.shape[2]
+    dv4 = d // 4
+    scale = n.attr("scale")
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    bind = _Bindings(g, sched.storage)
+    (qsb, qsh, qst), (ksb, ksh, kst), (vsb, vsh, vst) = (_bind_strided(sched, bind, i) for i in n.inputs)
+    names = ["q", "k", "v"] + (["out"] if r_out is not None else []) + (["lse"] if r_lse is not None else [])
+    for r in (r_out, r_lse):
+        if r is not None:
+            bind.use(r, write=True, own=True)
+    # few query blocks (one row per thread) cannot fill a GPU: split the keys across
+    # workgroups and merge the partial softmaxes after (flash-decoding)
+    blocks = -(-s // 64) * b * h
+    fill = ATTENTION_PLAN["fill"]
+    split = 1 if blocks >= fill or t < ATTENTION_PLAN["min_keys"] else max(1, min(16, -(-fill // blocks), t // ATTENTION_PLAN["min_split_keys"]))
+    kl = -(-(-(-t // split)) // 32) * 32
+    split = -(-t // kl)
+    width = 4 * dv4 + 2
+    if split == 1:
+        decls = bind.decls(names)
+        # the output in [b, s, h, d] layout when the head transpose after it is all that reads it
+        row_of = "((b * S + row) * H + h)" if r_out in sched.written else "(bh * S + row)"
+        store = ["        let inv = 1.0 / l;", f"        let o = {row_of} * DV4 * 4u;"]
+        if r_out is not None:
+            store += [f"        out[o + {4 * c}u] = acc{c}.x * inv; out[o + {4 * c + 1}u] = acc{c}.y * inv; "
+                      f"out[o + {4 * c + 2}u] = acc{c}.z * inv; out[o + {4 * c + 3}u] = acc{c}.w * inv;"
+                      for c in range(dv4)]
+        if r_lse is not None:
+            store.append("        lse[bh * S + row] = m + log(l);")
+        store = "\n".join(store)
+        slots = bind.list()
+    else:
+        temp = ("temp", next(_temp_ids))
+        decls = "\n".join(bind.decls(names).splitlines()[:3]) + \
+            "\n@group(0) @binding(3) var<storage, read_write> part: array<f32>;"
+        store = (f"        let o = ((split * {b * h}u + bh) * S + row) * {width}u;\n        part[o] = m;\n"
+                 "        part[o + 1u] = l;\n" + "\n".join(
+                     f"        part[o + {2 + 4 * c}u] = acc{c}.x; part[o + {3 + 4 * c}u] = acc{c}.y; "
+                     f"part[o + {4 + 4 * c}u] = acc{c}.z; part[o + {5 + 4 * c}u] = acc{c}.w;" for c in range(dv4)))
+        slots = bind.list()[:3] + [(temp, "read_write")]
+    q_load = "\n".join(f"    let q{c} = vec4<f32>(q[q_base + {4 * c}u], q[q_base + {4 * c + 1}u], "
+                       f"q[q_base + {4 * c + 2}u], q[q_base + {4 * c + 3}u]);" for c in range(dv4))
+    acc = "\n".join(f"    var acc{c} = vec4<f32>(0.0);" for c in range(dv4))
+    common = dict(BINDINGS=decls, S=s, T=t, H=h, HK=hk, REP=h // hk, DV4=dv4, SCALE=f32_literal(scale), SPLIT=split, KL=kl,
+                  QSB=qsb, QSH=qsh, QST=qst, KSB=ksb, KSH=ksh, KST=kst, VSB=vsb, VSH=vsh, VST=vst,
+                  CAUSAL="true" if n.attr("causal") else "false", Q_LOAD=q_load, ACC_DECL=acc, STORE=store)
+
+    def body(shared: bool):
+        key = (lambda c: f"k_tile[jj * {dv4}u + {c}u]") if shared else (lambda c: f"k4(k_base, j, {c}u)")
+        val = (lambda c: f"v_tile[jj * {dv4}u + {c}u]") if shared else (lambda c: f"v4(v_base, j, {c}u)")
+        score = "            let s = (" + " + ".join(f"dot(q{c}, {key(c)})" for c in range(dv4)) + ") * SCALE;"
+        update = "\n".join(f"                acc{c} = acc{c} * corr + p * {val(c)};" for c in range(dv4))
+        stage = ""
+        if shared:
+            stage = "\n".join([
+                f"        for (var i = lid; i < TILE * {dv4}u; i = i + 64u) {{",
+                f"            let jj = i / {dv4}u;", f"            let c = i % {dv4}u;",
+                "            let jk = min(j0 + jj, T - 1u);",
+                "            k_tile[i] = k4(k_base, jk, c);", "            v_tile[i] = v4(v_base, jk, c);",
+                "        }", "        workgroupBarrier();"])
+        return dict(SCORE=score, ACC_UPDATE=update, STAGE=stage,
+                    STAGE_END="        workgroupBarrier();" if shared else "",
+                    SHARED="shared" if shared else "not shared", TILE_VEC4=32 * dv4 if shared else 1)
+
+    wgsl = render("attention", **common, **body(True))
+    groups = (-(-s // 64), b * h, split)
+    code = KernelCode(wgsl, (64, 1, 1), slots, groups, "attention")
+    code.variants = {"cpu": (render("attention", **common, **body(False)), (64, 1, 1), groups)}
+    if split == 1:
+        return code
+    code.temps = {temp: split * b * h * s * width * 4}
+    rows = b * h * s
+    merge = "\n".join([  # a thread per output value: the merge must not starve the GPU either
+        f"    let c = idx % {d}u;", f"    let bh = (idx / {d}u) / {s}u;", f"    let row = (idx / {d}u) % {s}u;",
+        "    var mx = -3.4028235e38;",
+        f"    for (var p = 0u; p < {split}u; p++) {{ mx = max(mx, part[((p * {b * h}u + bh) * {s}u + row) * {width}u]); }}",
+        "    var l = 0.0;",
+        "    var acc = 0.0;",
+        f"    for (var p = 0u; p < {split}u; p++) {{",
+        f"        let o = ((p * {b * h}u + bh) * {s}u + row) * {width}u;",
+        "        let w = exp(part[o] - mx);",
+        "        l += part[o + 1u] * w;",
+        "        acc += part[o + 2u + c] * w;", "    }"]
+        + ([f"    out[(((bh / {h}u) * {s}u + row) * {h}u + bh % {h}u) * {d}u + c] = acc / l;" if r_out in sched.written
+            else "    out[idx] = acc / l;"] if r_out is not None else [])
+        + ([f"    if (c == 0u) {{ lse[idx / {d}u] = mx + log(l); }}"] if r_lse is not None else []))
+    mdecls = "\n".join(["@group(0) @binding(0) var<storage, read> part: array<f32>;"] + [
+        f"@group(0) @binding({j + 1}) var<storage, read_write> {name}: array<f32>;"
+        for j, name in enumerate(names[3:])])
+    merged = KernelCode(per_output(mdecls, rows * d, merge), (WG, 1, 1),
+                        [(temp, "read")] + bind.list()[3:], grid(-(-rows * d // WG)), "attention/merge")
+    return [code, merged]
+
+
+def _loader(fn: str, buf: str, vec4: bool = False) -> str:
+    """fn(base, c): vec4 c of the row at element `base`; `vec4`: `buf` is bound as
+    array<vec4<f32>> (rows of d % 4 == 0 elements start at multiples of 4: one 16-byte load)."""
+    if vec4:
+        return f"fn {fn}(base: u32, c: u32) -> vec4<f32> {{\n    return {buf}[base / 4u + c];\n}}"
+    return (f"fn {fn}(base: u32, c: u32) -> vec4<f32> {{\n    let x = base + c * 4u;\n"
+            f"    return vec4<f32>({buf}[x], {buf}[x + 1u], {buf}[x + 2u], {buf}[x + 3u]);\n}}")
+
+
+# the backward kernels' plan: `vec4_loads` reads q, k, v, o and dO 16 bytes at a time (block
+# sizes: ops_layers.backward_blocks, within ops_layers.BACKWARD_BUDGET)
+ATTENTION_BWD_PLAN = {"vec4_loads": False}
+
+
+def _score_tile(rt: int, ct: int, tx: int, width: int, lse: str, delta: str, p_store: bool, ind: str) -> str:
+    """WGSL for one tile step of both backward kernels: scores and dP = dO v^T for query rows
+    ty * RT + r and key columns tx + TX c (separate variables, loops unrolled here: private
+    arrays indexed in loops are slow on NVIDIA), then P and dS into workgroup memory."""
+    rc = [(r, c) for r in range(rt) for c in range(ct)]
+    out = [f"{ind}var s{r}_{c} = 0.0;\n{ind}var dp{r}_{c} = 0.0;" for r, c in rc]
+    out.append(f"{ind}for (var c = 0u; c < DV4; c = c + 1u) {{")
+    out += [f"{ind}    let qa{r} = q_t[(ty * RT + {r}u) * STR + c];\n"
+            f"{ind}    let oa{r} = do_t[(ty * RT + {r}u) * STR + c];" for r in range(rt)]
+    out += [f"{ind}    let kb{c} = k_t[(tx + {tx * c}u) * STR + c];\n"
+            f"{ind}    let vb{c} = v_t[(tx + {tx * c}u) * STR + c];" for c in range(ct)]
+    out += [f"{ind}    s{r}_{c} = s{r}_{c} + dot(qa{r}, kb{c});\n"
+            f"{ind}    dp{r}_{c} = dp{r}_{c} + dot(oa{r}, vb{c});" for r, c in rc]
+    out.append(f"{ind}}}")
+    for r in range(rt):
+        out += [f"{ind}let row{r} = ty * RT + {r}u;", f"{ind}let qi{r} = i0 + row{r};",
+                f"{ind}let lse{r} = {lse.format(r=r)};", f"{ind}let dd{r} = {delta.format(r=r)};"]
+        for c in range(ct):
+            # causal: query i sees key j when j <= i + (T - S); rows and keys past the ends get P = 0
+            at = f"row{r} * {width}u + tx + {tx * c}u"
+            out += [f"{ind}let kj{r}_{c} = j0 + tx + {tx * c}u;",
+                    f"{ind}let ok{r}_{c} = qi{r} < S && kj{r}_{c} < T && (!CAUSAL || kj{r}_{c} <= qi{r} + (T - S));",
+                    f"{ind}let p{r}_{c} = select(0.0, exp(s{r}_{c} * SCALE - lse{r}), ok{r}_{c});",
+                    f"{ind}ds_t[{at}] = p{r}_{c} * (dp{r}_{c} - dd{r});"]
+            if p_store:
+                out.append(f"{ind}p_t[{at}] = p{r}_{c};")
+    return "\n".join(out)
+
+
+def _store_rows(buf: str, rows: int, nch: int, tx: int, dv4: int, row: str, limit: str, index: str, mul: str) -> str:
+    """WGSL storing accumulators buf{r}_{n} (rows `row` + r, vec4 columns tx + TX n) that are in
+    range; `index` gives a row's index in the output, [b, h, t, d] or [b, t, h, d]."""
+    out = []
+    for r in range(rows):
+        for n_ in range(nch):
+            cond = f"{row} + {r}u < {limit}" + (f" && tx + {tx * n_}u < DV4" if tx * (n_ + 1) > dv4 else "")
+            out.append(f"    if ({cond}) {{\n"
+                       f"        let o = {index.format(row=f'{row} + {r}u')} * DV4 * 4u + (tx + {tx * n_}u) * 4u;\n"
+                       + "".join(f"        {buf}[o + {j}u] = {buf}{r}_{n_}.{x}{mul};\n" for j, x in enumerate("xyzw"))
+                       + "    }")
+    return "\n".join(out)
+
+
+LANES = 16  # threads along each side of a backward workgroup, where that pays (see _lanes)
+
+
+def _lanes(block: int, dv4: int) -> int:
+    """16 x 16 threads hide workgroup-memory latency better than 8 x 8 (H200, d = 64: 1.4x), but
+    only when a row of dQ, dK, dV is 16 vec4s: else columns idle (d = 16: 1.2x slower)."""
+    return LANES if block % LANES == 0 and dv4 % LANES == 0 else 8
+
+
+def attention_backward(sched: Schedule, k: Kernel) -> list:
+    """attention_grad siblings (dQ, dK, dV of one attention) as FlashAttention-2's backward:
+    kernels/attention_dq.wgsl (dQ, and D = rowsum(dO * O) into a scratch buffer), then
+    kernels/attention_dkv.wgsl (dK, dV), both recomputing P from the forward's log-sum-exp.
+    Outputs that only a head transpose reads are written in its [b, t, h, d] layout."""
+    from .codegen import f32_literal
+    from .ops_layers import _attention_scale, backward_blocks
+
+    g = sched.graph
+    wrt = {g.nodes[r].attr("wrt"): r for r in k.roots}
+    n = g.nodes[k.roots[0]]
+    (b, h, s, d), (hk, t) = g.nodes[n.inputs[0]].shape, g.nodes[n.inputs[1]].shape[1:3]
+    dv4, stride = d // 4, d // 4 + 1
+    (bq, bk), (bc, br) = backward_blocks(d)
+    # fewer workgroups than an H200 has SMs: halve the blocks that count them (DINOv2-S at batch 1:
+    # 54 -> 102 workgroups, 1.17x); with more, the bigger blocks' reuse wins
+    bq = 16 if bq == 32 and -(-s // 32) * b * h < 132 else bq
+    bc = 16 if bc == 32 and -(-t // 32) * b * hk < 132 else bc
+    temp = ("temp", next(_temp_ids))  # D per query row
+    common = {"S": s, "T": t, "H": h, "HK": hk, "REP": h // hk, "DV4": dv4, "STR": stride,
+              "CAUSAL": str(bool(n.attr("causal"))).lower(), "SCALE": f32_literal(_attention_scale(dict(n.attrs), d))}
+
+    def inputs(names, ids):
+        """Binds the strided inputs; their stride constants and vec4 loader functions."""
+        bind, subs, loaders = _Bindings(g, sched.storage), {}, []
+        for name, i in zip(names, ids):
+            key = {"dout": "D"}.get(name, name.upper())
+            subs.update(zip((f"{key}SB", f"{key}SH", f"{key}ST"), _bind_strided(sched, bind, i)))
+            loaders.append(_loader(f"{'do' if name == 'dout' else name}4", name, vec4))
+        bind.use(n.inputs[5], own=True)  # lse
+        return bind, list(names) + ["lse"], subs, "\n".join(loaders)
+
+    vec4 = ATTENTION_BWD_PLAN["vec4_loads"]
+
+    def declare(bind, names):
+        decls = bind.decls(names)
+        return as_vec4(decls, [x for x in names if x in ("q", "k", "v", "o", "dout")]) if vec4 else decls
+
+    # dQ (and D) over query blocks: TY x TX threads, RT query rows and NCH vec4 columns of dQ each
+    bind, names, subs, loaders = inputs(["q", "k", "v", "o", "dout"], n.inputs[:5])
+    ty, tx = _lanes(bq, dv4), _lanes(bk, dv4)
+    rt, nch = bq // ty, -(-dv4 // tx)
+    rn = [(r, c) for r in range(rt) for c in range(nch)] if 0 in wrt else []
+    step = "\n".join([f"            let a{r} = ds_t[(ty * RT + {r}u) * BK + jj];" for r in range(rt)]
+                     + [f"            let kk{c} = k_t[jj * STR + min(tx + {tx * c}u, DV4 - 1u)];" for c in range(nch)]
+                     + [f"            dq{r}_{c} = dq{r}_{c} + a{r} * kk{c};" for r, c in rn]) if rn else ""
+    store = ""
+    if rn:
+        bind.use(wrt[0], write=True, own=True)
+        names.append("dq")
+        index = "((b * S + {row}) * H + h)" if wrt[0] in sched.written else "(bh * S + {row})"
+        store = _store_rows("dq", rt, nch, tx, dv4, "i0 + ty * RT", "S", index, " * SCALE")
+    decls = declare(bind, names) + f"\n@group(0) @binding({len(names)}) var<storage, read_write> delta: array<f32>;"
+    tile = _score_tile(rt, bk // tx, tx, bk, "lse_t[row{r}]", "d_t[row{r}]", False, " " * 8) if rn else ""
+    wgsl = render("attention_dq", BINDINGS=decls, LOADERS=loaders, BQ=bq, BK=bk, RT=rt, NT=ty * tx, TX=tx,
+                  BQ_STR=bq * stride, BK_STR=bk * stride, BQ_BK=bq * bk, WANT_DQ=str(bool(rn)).lower(), TILE=tile,
+                  ACC_DECL="\n".join(f"    var dq{r}_{c} = vec4<f32>(0.0);" for r, c in rn),
+                  DQ_STEP=step, STORE=store, **subs, **common)
+    dq = KernelCode(wgsl, (ty * tx, 1, 1), bind.list() + [(temp, "read_write")], (-(-s // bq), b * h, 1),
+                    "attention_dq")
+    dq.temps = {temp: b * h * s * 4}
+    if 1 not in wrt and 2 not in wrt:
+        return [dq]
+    # dK and dV over key blocks: RJ key rows and NCH vec4 columns of each per thread
+    bind, names, subs, loaders = inputs(["q", "k", "v", "dout"], [n.inputs[i] for i in (0, 1, 2, 4)])
+    for w, name in ((1, "dk"), (2, "dv")):
+        if w in wrt:
+            bind.use(wrt[w], write=True, own=True)
+            names.append(name)
+    ty, tx = min(_lanes(br, dv4), _lanes(bc, dv4)), _lanes(bc, dv4)
+    rj, nch = bc // ty, -(-dv4 // tx)
+    rn = [(r, c) for r in range(rj) for c in range(nch)]
+    ind = " " * 16
+    step = "\n".join([f"{ind}let pp{r} = p_t[ii * BC + ty * RJ + {r}u];\n"
+                      f"{ind}let sd{r} = ds_t[ii * BC + ty * RJ + {r}u];" for r in range(rj)]
+                     + [f"{ind}let ob{c} = do_t[ii * STR + min(tx + {tx * c}u, DV4 - 1u)];\n"
+                        f"{ind}let qb{c} = q_t[ii * STR + min(tx + {tx * c}u, DV4 - 1u)];" for c in range(nch)]
+                     + [f"{ind}dv{r}_{c} = dv{r}_{c} + pp{r} * ob{c};\n{ind}dk{r}_{c} = dk{r}_{c} + sd{r} * qb{c};"
+                        for r, c in rn])
+    store = "\n".join(_store_rows(name, rj, nch, tx, dv4, "j0 + ty * RJ", "T", "((b * T + {row}) * HK + hk)"
+                                  if wrt[w] in sched.written else "(bhk * T + {row})", mul)
+                      for w, name, mul in ((1, "dk", " * SCALE"), (2, "dv", "")) if w in wrt)
+    decls = declare(bind, names) + f"\n@group(0) @binding({len(names)}) var<storage, read> delta: array<f32>;"
+    tile = _score_tile(br // ty, bc // tx, tx, bc, "lse[bh * S + min(qi{r}, S - 1u)]",
+                       "delta[bh * S + min(qi{r}, S - 1u)]", True, " " * 12)
+    wgsl = render("attention_dkv", BINDINGS=decls, LOADERS=loaders, BC=bc, BR=br, RT=br // ty, RJ=rj, NT=ty * tx,
+                  TX=tx, BC_STR=bc * stride, BR_STR=br * stride, BR_BC=br * bc, TILE=tile,
+                  ACC_DECL="\n".join(f"    var dk{r}_{c} = vec4<f32>(0.0);\n    var dv{r}_{c} = vec4<f32>(0.0);"
+                                     for r, c in rn),
+                  DKV_STEP=step, STORE=store, **subs, **common)
+    dkv = KernelCode(wgsl, (ty * tx, 1, 1), bind.list() + [(temp, "read")], (-(-t // bc), b * hk, 1), "attention_dkv")
+    return [dq, dkv]
