@@ -36,10 +36,12 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: the last)
 ITERS = 100
 # attention backward (dQ, dK, dV of one attention): Whisper-tiny, DINOv2, SD-1.5's first level (self, cross)
 ATTENTION_BACKWARDS = [(1, 6, 1500, 1500, 64), (1, 6, 257, 257, 64), (1, 8, 4096, 4096, 40), (1, 8, 4096, 77, 40)]
-# (vec4 loads, workgroup-memory budget, fused): "decomposed" times the decomposition's gradient
-# (scores in memory, GEMMs, softmax) instead of the fused kernels
-ATTENTION_BWD_PLANS = {"scalar loads": (False, 32768, True), "16-byte loads": (True, 32768, True),
-                       "16-byte loads, 48 KiB blocks": (True, 49152, True), "decomposed": (True, 32768, False)}
+# (vec4 loads, workgroup-memory budget, fused, fill): "decomposed" times the decomposition's
+# gradient (scores in memory, GEMMs, softmax) instead of the fused kernels; fill: workgroups the
+# fused kernels aim for by cutting their loops into chunks (0: whole loops)
+ATTENTION_BWD_PLANS = {"scalar loads": (False, 32768, True, 0), "split to 528": (False, 32768, True, 528),
+                       "split to 1056": (False, 32768, True, 1056), "split to 2112": (False, 32768, True, 2112),
+                       "decomposed": (True, 32768, False, 0)}
 ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 256},
                    "fill 1024": {"min_split_keys": 32, "fill": 1024, "min_keys": 256},
                    "fill 1024, from 64 keys": {"min_split_keys": 32, "fill": 1024, "min_keys": 64},
@@ -233,8 +235,8 @@ def main(argv=None):
     saved_l = {k: getattr(ops_layers, k) for k in ("BACKWARD_BUDGET", "SCORES_IN_MEMORY_MAX", "SCORES_PARAM_SHARE")}
     for shape in ATTENTION_BACKWARDS:
         row = {"case": f"attention_backward {shape} (forward included)", "plans": {}}
-        for name, (vec4, budget, fused) in ATTENTION_BWD_PLANS.items():
-            codegen_attention.ATTENTION_BWD_PLAN["vec4_loads"] = vec4
+        for name, (vec4, budget, fused, fill) in ATTENTION_BWD_PLANS.items():
+            codegen_attention.ATTENTION_BWD_PLAN.update(vec4_loads=vec4, fill=fill)
             ops_layers.BACKWARD_BUDGET = budget
             # the gradient rule picks fused or decomposed as the graph is built: force it
             ops_layers.SCORES_IN_MEMORY_MAX = 0 if fused else float("inf")

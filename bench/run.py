@@ -157,7 +157,14 @@ def main(argv=None):
     ap.add_argument("--no-arenas", action="store_true",
                     help="experiment: arenas.ARENAS off (each parameter, its gradient and its optimizer state in "
                          "buffers of their own; one update kernel per parameter)")
+    ap.add_argument("--attention-fill", type=int, default=None,
+                    help="experiment: codegen_attention.ATTENTION_BWD_PLAN['fill'] (workgroups the fused attention "
+                         "backward aims for by cutting its loops; 0: whole loops)")
     args = ap.parse_args(argv)
+    if args.attention_fill is not None:
+        from meganeura.compiler import codegen_attention
+
+        codegen_attention.ATTENTION_BWD_PLAN["fill"] = args.attention_fill
     if args.no_sink_chains:
         from meganeura.compiler import schedule
 
@@ -196,7 +203,8 @@ def main(argv=None):
             "python": platform.python_version(), "features": sorted(device.features), "smoke": args.smoke,
             "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch,
             "gemm_prologues": args.gemm_prologues, "pointwise_conv_as_matmul": not args.pointwise_conv_as_conv,
-            "sink_chains": not args.no_sink_chains, "arenas": not args.no_arenas}
+            "sink_chains": not args.no_sink_chains, "arenas": not args.no_arenas,
+            "attention_fill": args.attention_fill}
     rows = []
     out = Path(args.out)
     for name, spec in WORKLOADS.items():

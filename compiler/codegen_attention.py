@@ -156,7 +156,34 @@ def _loader(fn: str, buf: str, vec4: bool = False) -> str:
 
 # the backward kernels' plan: `vec4_loads` reads q, k, v, o and dO 16 bytes at a time (block
 # sizes: ops_layers.backward_blocks, within ops_layers.BACKWARD_BUDGET)
-ATTENTION_BWD_PLAN = {"vec4_loads": False}
+# "fill": workgroups a backward kernel aims for; with fewer, its loop (over keys for dQ, over
+# queries for dK and dV) is cut into chunks run by workgroups of their own, which write partial
+# sums that a last pass adds up (0: never); "max_chunks" at most, each of >= "min_blocks" steps.
+ATTENTION_BWD_PLAN = {"vec4_loads": False, "fill": 0, "max_chunks": 8, "min_blocks": 4}
+
+
+def _chunks(workgroups: int, blocks: int) -> tuple:
+    """(chunks, blocks per chunk) of a backward kernel's loop of `blocks` steps."""
+    plan = ATTENTION_BWD_PLAN
+    fill = plan["fill"]
+    c = max(1, min(plan["max_chunks"], -(-fill // workgroups), blocks // plan["min_blocks"])) if fill else 1
+    per = -(-blocks // c)
+    return -(-blocks // per), per
+
+
+def _sum_partials(sched, parts, chunks, heads, rows, d, label):
+    """The pass adding up `chunks` partial sums ([chunk, batch * heads, rows, d] each) into
+    their outputs; parts: (temp key, output node) pairs."""
+    bind = _Bindings(sched.graph, sched.storage)
+    total = parts[0][2]
+    body = [f"    let c = idx % {d}u;", f"    let row = (idx / {d}u) % {rows}u;", f"    let bh = idx / {rows * d}u;"]
+    for part, out, _ in parts:
+        src, dst = bind.use_key(part), bind.use(out, write=True)
+        at = f"(((bh / {heads}u) * {rows}u + row) * {heads}u + bh % {heads}u) * {d}u + c" \
+            if out in sched.written else "idx"
+        body.append(f"    {dst}[{at}] = " + " + ".join(f"{src}[{z * total}u + idx]" for z in range(chunks)) + ";")
+    return KernelCode(per_output(bind.decls(), total, "\n".join(body)), (WG, 1, 1), bind.list(),
+                      grid(-(-total // WG)), label)
 
 
 def _score_tile(rt: int, ct: int, tx: int, width: int, lse: str, delta: str, p_store: bool, ind: str) -> str:
@@ -258,27 +285,43 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
                      + [f"            let kk{c} = k_t[jj * STR + min(tx + {tx * c}u, DV4 - 1u)];" for c in range(nch)]
                      + [f"            dq{r}_{c} = dq{r}_{c} + a{r} * kk{c};" for r, c in rn]) if rn else ""
     store = ""
+    chunks, per = _chunks(-(-s // bq) * b * h, -(-t // bk)) if rn else (1, -(-t // bk))
+    partial = ("temp", next(_temp_ids)) if chunks > 1 else None
     if rn:
-        bind.use(wrt[0], write=True, own=True)
         names.append("dq")
-        index = "((b * S + {row}) * H + h)" if wrt[0] in sched.written else "(bh * S + {row})"
+        if partial:
+            bind.use_key(partial, write=True)
+            index = f"(wg.z * {b * h * s}u + bh * S + {{row}})"
+        else:
+            bind.use(wrt[0], write=True, own=True)
+            index = "((b * S + {row}) * H + h)" if wrt[0] in sched.written else "(bh * S + {row})"
         store = _store_rows("dq", rt, nch, tx, dv4, "i0 + ty * RT", "S", index, " * SCALE")
     decls = declare(bind, names) + f"\n@group(0) @binding({len(names)}) var<storage, read_write> delta: array<f32>;"
     tile = _score_tile(rt, bk // tx, tx, bk, "lse_t[row{r}]", "d_t[row{r}]", False, " " * 8) if rn else ""
-    wgsl = render("attention_dq", BINDINGS=decls, LOADERS=loaders, BQ=bq, BK=bk, RT=rt, NT=ty * tx, TX=tx,
+    wgsl = render("attention_dq", BINDINGS=decls, LOADERS=loaders, BQ=bq, BK=bk, KC=per * bk, RT=rt, NT=ty * tx, TX=tx,
                   BQ_STR=bq * stride, BK_STR=bk * stride, BQ_BK=bq * bk, WANT_DQ=str(bool(rn)).lower(), TILE=tile,
                   ACC_DECL="\n".join(f"    var dq{r}_{c} = vec4<f32>(0.0);" for r, c in rn),
                   DQ_STEP=step, STORE=store, **subs, **common)
-    dq = KernelCode(wgsl, (ty * tx, 1, 1), bind.list() + [(temp, "read_write")], (-(-s // bq), b * h, 1),
-                    "attention_dq")
+    dq = KernelCode(wgsl, (ty * tx, 1, 1), bind.list() + [(temp, "read_write")], (-(-s // bq), b * h, chunks),
+                    "attention_dq" + ("/split" if partial else ""))
     dq.temps = {temp: b * h * s * 4}
+    codes = [dq]
+    if partial:
+        dq.temps[partial] = chunks * b * h * s * d * 4
+        codes.append(_sum_partials(sched, [(partial, wrt[0], b * h * s * d)], chunks, h, s, d, "attention_dq/sum"))
     if 1 not in wrt and 2 not in wrt:
-        return [dq]
+        return codes
     # dK and dV over key blocks: RJ key rows and NCH vec4 columns of each per thread
     bind, names, subs, loaders = inputs(["q", "k", "v", "dout"], [n.inputs[i] for i in (0, 1, 2, 4)])
+    chunks, per = _chunks(-(-t // bc) * b * hk, -(-s // br))
+    partials = {}
     for w, name in ((1, "dk"), (2, "dv")):
         if w in wrt:
-            bind.use(wrt[w], write=True, own=True)
+            if chunks > 1:
+                partials[w] = ("temp", next(_temp_ids))
+                bind.use_key(partials[w], write=True)
+            else:
+                bind.use(wrt[w], write=True, own=True)
             names.append(name)
     ty, tx = min(_lanes(br, dv4), _lanes(bc, dv4)), _lanes(bc, dv4)
     rj, nch = bc // ty, -(-dv4 // tx)
@@ -290,16 +333,25 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
                         f"{ind}let qb{c} = q_t[ii * STR + min(tx + {tx * c}u, DV4 - 1u)];" for c in range(nch)]
                      + [f"{ind}dv{r}_{c} = dv{r}_{c} + pp{r} * ob{c};\n{ind}dk{r}_{c} = dk{r}_{c} + sd{r} * qb{c};"
                         for r, c in rn])
-    store = "\n".join(_store_rows(name, rj, nch, tx, dv4, "j0 + ty * RJ", "T", "((b * T + {row}) * HK + hk)"
-                                  if wrt[w] in sched.written else "(bhk * T + {row})", mul)
+    store = "\n".join(_store_rows(name, rj, nch, tx, dv4, "j0 + ty * RJ", "T", f"(wg.z * {b * hk * t}u + bhk * T + {{row}})"
+                                  if partials else "((b * T + {row}) * HK + hk)" if wrt[w] in sched.written
+                                  else "(bhk * T + {row})", mul)
                       for w, name, mul in ((1, "dk", " * SCALE"), (2, "dv", "")) if w in wrt)
     decls = declare(bind, names) + f"\n@group(0) @binding({len(names)}) var<storage, read> delta: array<f32>;"
     tile = _score_tile(br // ty, bc // tx, tx, bc, "lse[bh * S + min(qi{r}, S - 1u)]",
                        "delta[bh * S + min(qi{r}, S - 1u)]", True, " " * 12)
-    wgsl = render("attention_dkv", BINDINGS=decls, LOADERS=loaders, BC=bc, BR=br, RT=br // ty, RJ=rj, NT=ty * tx,
+    wgsl = render("attention_dkv", BINDINGS=decls, LOADERS=loaders, BC=bc, BR=br, QC=per * br, RT=br // ty, RJ=rj,
+                  NT=ty * tx,
                   TX=tx, BC_STR=bc * stride, BR_STR=br * stride, BR_BC=br * bc, TILE=tile,
                   ACC_DECL="\n".join(f"    var dk{r}_{c} = vec4<f32>(0.0);\n    var dv{r}_{c} = vec4<f32>(0.0);"
                                      for r, c in rn),
                   DKV_STEP=step, STORE=store, **subs, **common)
-    dkv = KernelCode(wgsl, (ty * tx, 1, 1), bind.list() + [(temp, "read")], (-(-t // bc), b * hk, 1), "attention_dkv")
-    return [dq, dkv]
+    dkv = KernelCode(wgsl, (ty * tx, 1, 1), bind.list() + [(temp, "read")], (-(-t // bc), b * hk, chunks),
+                     "attention_dkv" + ("/split" if partials else ""))
+    codes.append(dkv)
+    if partials:
+        size = b * hk * t * d
+        dkv.temps = {p: chunks * size * 4 for p in partials.values()}
+        codes.append(_sum_partials(sched, [(p, wrt[w], size) for w, p in partials.items()], chunks, hk, t, d,
+                                   "attention_dkv/sum"))
+    return codes

@@ -23,6 +23,7 @@ const NT: u32 = {{NT}}u;  // threads, TY x TX
 const TX: u32 = {{TX}}u;
 const RT: u32 = {{RT}}u;  // BR / TY
 const RJ: u32 = {{RJ}}u;  // BC / TY
+const QC: u32 = {{QC}}u;  // queries per chunk: a multiple of BR
 
 var<workgroup> k_t: array<vec4<f32>, {{BC_STR}}>;
 var<workgroup> v_t: array<vec4<f32>, {{BC_STR}}>;
@@ -54,11 +55,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     // causal: query i sees key j when j <= i + (T - S); the block's first key rules out earlier rows
     let off = T - S;
     let i_first = select(0u, ((max(j0, off) - off) / BR) * BR, CAUSAL);
+    let q_begin = wg.z * QC;  // this workgroup's chunk of the queries (all of them unless split)
     for (var g = 0u; g < REP; g = g + 1u) {
         let bh = b * H + hk * REP + g;
         let q_base = b * {{QSB}}u + (hk * REP + g) * {{QSH}}u;
         let do_base = b * {{DSB}}u + (hk * REP + g) * {{DSH}}u;
-        for (var i0 = i_first; i0 < S; i0 = i0 + BR) {
+        for (var i0 = max(i_first, q_begin); i0 < min(S, q_begin + QC); i0 = i0 + BR) {
             workgroupBarrier();  // the last step's readers of q_t, do_t, p_t, ds_t are done
             for (var e = lid; e < BR * DV4; e = e + NT) {
                 let r = e / DV4;

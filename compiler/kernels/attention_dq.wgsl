@@ -23,6 +23,7 @@ const BK: u32 = {{BK}}u;
 const NT: u32 = {{NT}}u;  // threads, TY x TX
 const TX: u32 = {{TX}}u;
 const RT: u32 = {{RT}}u;  // BQ / TY
+const KC: u32 = {{KC}}u;  // keys per chunk: a multiple of BK
 
 var<workgroup> q_t: array<vec4<f32>, {{BQ_STR}}>;
 var<workgroup> do_t: array<vec4<f32>, {{BQ_STR}}>;
@@ -61,7 +62,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         d_t[lid] = acc;
         lse_t[lid] = lse[bh * S + i];
-        if (i0 + lid < S) {
+        if (i0 + lid < S && wg.z == 0u) {
             delta[bh * S + i0 + lid] = acc;
         }
     }
@@ -70,7 +71,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 {{ACC_DECL}}
     let i_last = min(i0 + BQ, S) - 1u;
     let j_end = select(0u, select(T, min(T, i_last + (T - S) + 1u), CAUSAL), WANT_DQ);  // keys the last row sees
-    for (var j0 = 0u; j0 < j_end; j0 = j0 + BK) {
+    let j_begin = wg.z * KC;  // this workgroup's chunk of the keys (all of them unless split)
+    for (var j0 = j_begin; j0 < min(j_end, j_begin + KC); j0 = j0 + BK) {
         workgroupBarrier();  // the last step's readers of k_t and ds_t are done (first: d_t is written)
         for (var e = lid; e < BK * DV4; e = e + NT) {
             let r = e / DV4;

@@ -80,16 +80,33 @@ def _run(device, qs, ks, at, wrt="qkv", seed=0):
     return got, ref, _labels(pkg)
 
 
+def _split_loops(monkeypatch, split):
+    """Cut the backward kernels' loops into chunks of one block each (partial sums, then a sum
+    pass), as codegen_attention does for long sequences over few workgroups."""
+    from meganeura.compiler import codegen_attention
+
+    if split:
+        monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "fill", 1 << 20)
+        monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "min_blocks", 1)
+        monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "max_chunks", 3)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["whole_loops", "split_loops"])
 @pytest.mark.parametrize("vec4", [False, True], ids=["scalar_loads", "vec4_loads"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_fused_backward_matches_torch(name, vec4, device, monkeypatch):
-    """Both ways the kernels read q, k, v, o and dO (codegen_attention.ATTENTION_BWD_PLAN)."""
+def test_fused_backward_matches_torch(name, vec4, split, device, monkeypatch):
+    """Both ways the kernels read q, k, v, o and dO (codegen_attention.ATTENTION_BWD_PLAN), with
+    their loops whole or cut into chunks."""
     from meganeura.compiler import codegen_attention
 
     monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "vec4_loads", vec4)
+    _split_loops(monkeypatch, split)
     qs, ks, at = CASES[name]
     got, ref, labels = _run(device, qs, ks, at)
-    assert "attention_dq" in labels and "attention_dkv" in labels, labels
+    assert any(lab.startswith("attention_dq") for lab in labels) and any(lab.startswith("attention_dkv")
+                                                                          for lab in labels), labels
+    if split and name in ("causal-gqa-20x700-d8", "full-b3-257-d64", "causal-gqa3-257-d64"):  # several blocks
+        assert "attention_dq/sum" in labels and ("attention_dkv/sum" in labels or qs[2] <= 32), labels
     assert not any(lab.startswith(("softmax", "matmul")) for lab in labels), labels
     errors = {k: rel(got[k], r) for k, r in ref.items()}
     assert max(errors.values()) <= TOL, errors
@@ -112,17 +129,19 @@ def test_only_some_gradients(wrt, device):
     assert max(errors.values()) <= TOL, errors
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["whole_loops", "split_loops"])
 @pytest.mark.parametrize("vec4", [False, True], ids=["scalar_loads", "vec4_loads"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_head_transposes_are_read_and_written_in_place(causal, vec4, device, monkeypatch):
+def test_head_transposes_are_read_and_written_in_place(causal, vec4, split, device, monkeypatch):
     """q, k, v built as [b, t, h, d] and transposed (as every transformer builds them), the output
     transposed back: the backward reads dO and writes dQ, dK, dV through those transposes, the
     forward writes its output through one; no transpose kernel is left. Weight gradients vs torch."""
     from meganeura.compiler import codegen_attention
 
     monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "vec4_loads", vec4)
+    _split_loops(monkeypatch, split)
     rng = np.random.default_rng(3)
-    bsz, t, hq, hk, d = 2, 11, 4, 2, 8
+    bsz, t, hq, hk, d = 2, 40 if split else 11, 4, 2, 8  # (40: two blocks of keys and of queries)
     b = Builder()
     x = b.input("x", (bsz, t, 24))
     ws = {n: rng.standard_normal((h * d, 24)) * 0.3 for n, h in (("q", hq), ("k", hk), ("v", hk))}
@@ -139,7 +158,8 @@ def test_head_transposes_are_read_and_written_in_place(causal, vec4, device, mon
     pkg = Package.from_bytes(compile_graph(b.g))
     labels = _labels(pkg)
     assert not any("transpose" in lab for lab in labels), labels
-    assert labels.count("attention_dq") == labels.count("attention_dkv") == 1, labels
+    split = "/split" * split
+    assert labels.count("attention_dq" + split) == labels.count("attention_dkv" + split) == 1, labels
     vals = {"x": rng.standard_normal((bsz, t, 24)), "ct": rng.standard_normal(y.shape)}
     got = Session(device, pkg).run("infer", vals)
     tw = {n: torch.tensor(np.asarray(b.g.values[f"{n}.weight"], np.float64), requires_grad=True) for n in "qkvo"}
