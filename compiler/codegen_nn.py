@@ -36,11 +36,13 @@ def conv(sched: Schedule, k: Kernel) -> KernelCode:
     if n.op in ("conv2d", "conv2d_weight_grad"):
         return _conv_with_input(sched, k, n, r, a, b, s, p, d, groups)
     # conv_transpose2d(gy, w): the data gradient of a strided convolution
+    x, w = a.shape, b.shape  # x [N, Cin, H, W], w [Cin, Cout/g, kh, kw]
+    if s != (1, 1) and d == (1, 1):
+        return _transposed_by_phase(sched, n, r, x, w, s, p, groups)
     bind = _Bindings(g, sched.storage)
     bind.use(base_of(g, n.inputs[0]), own=True)
     bind.use(base_of(g, n.inputs[1]), own=True)
     bind.use(r, write=True, own=True)
-    x, w = a.shape, b.shape  # x [N, Cin, H, W], w [Cin, Cout/g, kh, kw]
     nb, cin, h, wd = x
     _, og, kh, kw = w
     cg = cin // groups
@@ -61,6 +63,52 @@ def conv(sched: Schedule, k: Kernel) -> KernelCode:
     store = "\n".join([_split("n", ["nb", "pix"], [nb, ho * wo]),
                        f"    c[(nb * {cout}u + g * {og}u + m) * {ho * wo}u + pix] = v;"])
     return igemm(bind, og, nb * ho * wo, kk, groups, load_a, load_b, store, "conv_transpose2d", conv=True)
+
+
+def _transposed_by_phase(sched, n, r, x, w, s, p, groups) -> list:
+    """A strided convolution's data gradient as s_y * s_x dense GEMMs, one per output phase:
+    the output pixels (oy + p) = phase (mod s) take exactly the taps ky = phase (mod s). Over
+    all taps, 3 of 4 of a stride-2 kernel's reads landed between gy's pixels and were zeros
+    (ResNet-50's stride-2 input gradients ran at 4-7 TFLOP/s). A phase without taps is zeros."""
+    g = sched.graph
+    nb, cin, h, wd = x
+    _, og, kh, kw = w
+    cg, cout = cin // groups, og * groups
+    ho, wo = n.shape[2], n.shape[3]
+    codes = []
+    for py in range(s[0]):
+        for px in range(s[1]):
+            oy0, ox0 = (py - p[0]) % s[0], (px - p[1]) % s[1]  # the phase's first output row, column
+            ny, nx = len(range(oy0, ho, s[0])), len(range(ox0, wo, s[1]))
+            ty, tx = len(range(py, kh, s[0])), len(range(px, kw, s[1]))  # its taps per axis
+            if not ny or not nx:
+                continue
+            bind = _Bindings(g, sched.storage)
+            pixel = [_split("n", ["nb", "my", "mx"], [nb, ny, nx]),
+                     f"    let oy = {oy0}u + my * {s[0]}u;", f"    let ox = {ox0}u + mx * {s[1]}u;"]
+            if not ty or not tx:
+                out = bind.use(r, write=True, own=True)
+                body = "\n".join([_split("idx", ["co", "n"], [cout, nb * ny * nx]),
+                                   *pixel, f"    {out}[((nb * {cout}u + co) * {ho}u + oy) * {wo}u + ox] = 0.0;"])
+                codes.append(_map_kernel(bind, cout * nb * ny * nx, body, "conv_transpose2d/zeros"))
+                continue
+            bind.use(base_of(g, n.inputs[0]), own=True)
+            bind.use(base_of(g, n.inputs[1]), own=True)
+            bind.use(r, write=True, own=True)
+            load_a = "\n".join([_split("k", ["ci", "jy", "jx"], [cg, ty, tx]),
+                                f"    return b[((g * {cg}u + ci) * {og}u + m) * {kh * kw}u"
+                                f" + ({py}u + jy * {s[0]}u) * {kw}u + {px}u + jx * {s[1]}u];"])
+            load_b = "\n".join([
+                _split("k", ["ci", "jy", "jx"], [cg, ty, tx]), *pixel,
+                f"    let iy = i32((oy + {p[0] - py + s[0] * kh}u) / {s[0]}u) - {kh} - i32(jy);",
+                f"    let ix = i32((ox + {p[1] - px + s[1] * kw}u) / {s[1]}u) - {kw} - i32(jx);",
+                f"    if (iy < 0 || iy >= {h} || ix < 0 || ix >= {wd}) {{ return 0.0; }}",
+                f"    return a[((nb * {cin}u + g * {cg}u + ci) * {h}u + u32(iy)) * {wd}u + u32(ix)];"])
+            store = "\n".join([*pixel, f"    c[((nb * {cout}u + g * {og}u + m) * {ho}u + oy) * {wo}u + ox] = v;"])
+            out = igemm(bind, og, nb * ny * nx, cg * ty * tx, groups, load_a, load_b, store, "conv_transpose2d",
+                        conv=True)
+            codes.extend(out if isinstance(out, list) else [out])
+    return codes
 
 
 def _conv_with_input(sched, k, n, r, a, b, s, p, d, groups):

@@ -55,6 +55,10 @@ _CONVT = [
     ((2, 4, 5, 6), (4, 3, 3, 3), {"stride": (2, 2), "padding": (1, 1, 1, 1), "output_padding": (1, 0)}),
     ((1, 6, 4, 5), (6, 2, 3, 2), {"stride": (1, 2), "padding": (0, 1, 2, 0), "groups": 3, "dilation": (2, 1)}),
     ((2, 7, 5, 6), (7, 66, 1, 1), {}),  # pointwise: a matmul (prepare.POINTWISE_CONV_AS_MATMUL)
+    # strided: one GEMM per output phase (codegen_nn._transposed_by_phase); phases without taps are zeros
+    ((2, 3, 4, 5), (3, 70, 1, 1), {"stride": (2, 2)}),
+    ((1, 4, 3, 4), (4, 3, 2, 2), {"stride": (3, 3), "padding": (0, 1, 1, 0)}),
+    ((2, 4, 6, 5), (4, 6, 3, 3), {"stride": (2, 2), "padding": (1, 1, 1, 1), "groups": 2}),
 ]
 for _xs, _ws, _at in _CONVT:
     _id = f"conv_transpose2d-{_sh(_xs)}-{_sh(_ws)}"
