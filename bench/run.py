@@ -37,6 +37,8 @@ MATCH_TOL = 1e-3  # a max relative error above this is flagged: not the same com
 TARGETS = "train median <= 1.2x, none > 2x; inference median <= 1.0x; memory <= torch's on >= 4 of 5"
 
 
+SESSION_OPTIONS = {}  # Session keyword arguments from the command line
+
 def rel(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if a.shape != b.shape:
@@ -76,10 +78,10 @@ def run_one(name, spec, args, device, tdev):
         row["package_read_s"] = time.perf_counter() - t
     row["gpu_bytes"] = int(package.manifest["memory"]["buffer_bytes"])
     t = time.perf_counter()
-    Session(device, package).close()  # its buffers go before the next one's are made
+    Session(device, package, **SESSION_OPTIONS).close()  # its buffers go before the next one's are made
     row["load_s"] = time.perf_counter() - t  # cold: the driver compiles every pipeline
     t = time.perf_counter()
-    session = Session(device, package)
+    session = Session(device, package, **SESSION_OPTIONS)
     row["load_warm_s"] = time.perf_counter() - t  # as on a game's later launches: the driver's shader cache
     try:
         if cuda:
@@ -157,10 +159,14 @@ def main(argv=None):
     ap.add_argument("--no-arenas", action="store_true",
                     help="experiment: arenas.ARENAS off (each parameter, its gradient and its optimizer state in "
                          "buffers of their own; one update kernel per parameter)")
+    ap.add_argument("--no-shader-checks", action="store_true",
+                    help="Session(shader_checks=False): kernels without the WGSL compiler's index clamps and "
+                         "loop bounds (for packages one compiled oneself)")
     ap.add_argument("--attention-fill", type=int, default=None,
                     help="experiment: codegen_attention.ATTENTION_BWD_PLAN['fill'] (workgroups the fused attention "
                          "backward aims for by cutting its loops; 0: whole loops)")
     args = ap.parse_args(argv)
+    SESSION_OPTIONS["shader_checks"] = not args.no_shader_checks
     if args.attention_fill is not None:
         from meganeura.compiler import codegen_attention
 
@@ -204,7 +210,8 @@ def main(argv=None):
             "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch,
             "gemm_prologues": args.gemm_prologues, "pointwise_conv_as_matmul": not args.pointwise_conv_as_conv,
             "sink_chains": not args.no_sink_chains, "arenas": not args.no_arenas,
-            "attention_fill": args.attention_fill}
+            "attention_fill": args.attention_fill,
+            "shader_checks": not args.no_shader_checks}
     rows = []
     out = Path(args.out)
     for name, spec in WORKLOADS.items():

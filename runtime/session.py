@@ -29,10 +29,15 @@ _LIMIT_NAMES = {  # manifest name -> wgpu limit name
 
 
 class Session:
-    def __init__(self, device, package, device_class: str | None = None, memory_limit: int | None = None):
+    def __init__(self, device, package, device_class: str | None = None, memory_limit: int | None = None,
+                 shader_checks: bool = True):
         """`device_class` ("gpu" or "cpu") overrides which kernel variants run; by default
         CPU rasterisers (lavapipe) get the CPU ones. `memory_limit` (bytes) refuses a
-        package whose buffers need more, before anything is allocated."""
+        package whose buffers need more, before anything is allocated. `shader_checks=False`
+        has the WGSL compiler leave out the checks it adds to every kernel (array indices
+        clamped, loops bounded): faster, and only for packages you compiled yourself; WGSL
+        is still validated, but a package from elsewhere could then read or write past its
+        workgroup memory."""
         import wgpu
 
         if isinstance(package, (str, os.PathLike)):
@@ -44,6 +49,7 @@ class Session:
         self._wgpu = wgpu
         self.lost = self.closed = False
         self._device_class_arg, self.memory_limit = device_class, memory_limit
+        self.shader_checks = shader_checks
         if device_class not in (None, "cpu", "gpu"):
             raise ValueError(f"device_class {device_class!r}: use 'cpu' or 'gpu'")
         m = pkg.manifest
@@ -183,7 +189,7 @@ class Session:
         state (moments, step count, a changed lr, skipped_steps) starts from the package's:
         write_tensor() it back if the host kept it."""
         s = Session(device if device is not None else fresh_device(), self.package,
-                    self._device_class_arg, self.memory_limit)
+                    self._device_class_arg, self.memory_limit, self.shader_checks)
         if isinstance(weights, dict):
             s.set_weights(weights, strict)
         elif weights is not None:
@@ -227,7 +233,8 @@ class Session:
         wgpu = self._wgpu
         bgl, layout = self._layout(k)
         try:
-            module = self.device.create_shader_module(code=k["wgsl"], label=k.get("label", ""))
+            module = self.device.create_shader_module(code=k["wgsl"], label=k.get("label", "")) if self.shader_checks \
+                else _unchecked_module(self.device, k["wgsl"], k.get("label", ""))
             pipeline = self.device.create_compute_pipeline(
                 layout=layout, compute={"module": module, "entry_point": k["entry"]}, label=k.get("label", ""))
         except wgpu.GPUValidationError as exc:
@@ -493,6 +500,22 @@ def _record_raw(raw, handle, steps):
             last = pipeline
         set_group(handle, 0, group, 0, null)
         dispatch(handle, x, y, z)
+
+
+def _unchecked_module(device, code: str, label: str):
+    """A shader module made by wgpu-native's wgpuDeviceCreateShaderModuleTrusted with no
+    runtime checks (wgpu-py 0.32 has no call for it)."""
+    from wgpu.backends.wgpu_native._api import GPUShaderModule, ffi, lib, libf, new_struct_p, to_c_string_view
+
+    source = new_struct_p("WGPUShaderSourceWGSL *", code=to_c_string_view(code))
+    source[0].chain.next = ffi.NULL
+    source[0].chain.sType = lib.WGPUSType_ShaderSourceWGSL
+    desc = new_struct_p("WGPUShaderModuleDescriptor *", nextInChain=ffi.cast("WGPUChainedStruct *", source),
+                        label=to_c_string_view(label))
+    handle = libf.wgpuDeviceCreateShaderModuleTrusted(device._internal, desc, 0)  # WGPUShaderRuntimeChecks_None
+    if handle == ffi.NULL:
+        raise RuntimeError(f"shader module {label!r} was not made")
+    return GPUShaderModule(label, handle, device)
 
 
 def _rows(inputs):

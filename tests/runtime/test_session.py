@@ -174,3 +174,22 @@ def test_raw_encoding_matches_the_public_calls_and_still_reports_errors(device, 
         enc = device.create_command_encoder()
         s.record(enc, "infer")
         enc.finish()
+
+
+def test_kernels_without_shader_checks_compute_the_same(device, package):
+    """shader_checks=False (wgpuDeviceCreateShaderModuleTrusted, no clamps or loop bounds):
+    the same numbers for inference and three training steps, bit for bit; rebuild keeps it;
+    WGSL is still validated."""
+    sessions = [Session(device, package), Session(device, package, shader_checks=False)]
+    assert not sessions[1].rebuild(device).shader_checks
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        feed = {"x": rng.standard_normal((16, 12)), "labels": rng.integers(0, 7, 16)}
+        a, b = (s.run("train_step", feed) for s in sessions)
+        np.testing.assert_array_equal(a["loss"], b["loss"])
+    x = rng.standard_normal((16, 12))
+    np.testing.assert_array_equal(*(s.run("infer", {"x": x})["logits"] for s in sessions))
+    from meganeura.runtime.session import _unchecked_module
+
+    with pytest.raises(Exception, match="Validation"):
+        _unchecked_module(device, "@compute @workgroup_size(1) fn main() { let x: u32 = 1.5; }", "bad")
