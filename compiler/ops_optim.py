@@ -3,7 +3,8 @@ guard's count of non-finite gradient elements.
 
 Written as add/mul/div nodes, AdamW and the NaN guard's selects took ~21 graph nodes per
 parameter: 60% of an SD-1.5 training graph and of its compile time. As rows they are
-three, and the scheduler still fuses them into one kernel per parameter.
+three, and the scheduler still fuses them into one kernel per parameter (one per parameter
+group once compiler/arenas.py widens them).
 
 Each takes the step's `ok` flag last (1: the loss and every gradient are finite) and
 yields its old value where ok is 0, as the guard's `where` did: a bad batch changes nothing.

@@ -2,8 +2,9 @@
 
 The step is data in the same Graph: a `loss` output, and `assigns` that replace each
 trainable parameter and each optimizer state tensor with its updated value. The
-optimizers are plain elementwise nodes, which the scheduler fuses into one update
-kernel per parameter.
+optimizers are elementwise nodes, which the scheduler fuses into one update kernel per
+parameter; with the parameters laid out in groups (compiler/arenas.py) the package writer
+widens each group's kernels into one.
 """
 from __future__ import annotations
 
