@@ -39,6 +39,7 @@ TARGETS = "train median <= 1.2x, none > 2x; inference median <= 1.0x; memory <= 
 
 SESSION_OPTIONS = {}  # Session keyword arguments from the command line
 
+
 def rel(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if a.shape != b.shape:

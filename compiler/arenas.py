@@ -1,6 +1,7 @@
 """Trainable parameters, their gradients and their optimizer state laid out one after
 another in shared buffers ("arenas"): the optimizer then updates a whole group of
-parameters in one kernel, and the NaN guard counts a group's gradients as one range.
+parameters in one kernel, and the NaN guard reads a group's gradients as ranges of one
+buffer (one range where their sizes leave no padding between them).
 
 A group holds parameters in graph order, each at a 256-byte aligned offset (WebGPU's
 largest minStorageBufferOffsetAlignment). Each column of a group (the parameters, each
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import re
 
+from ..runtime.package import OFFSET_ALIGN
 from .ir import NAMED_LEAVES
 
 ARENAS = True  # False: every parameter, gradient and state in buffers of their own (bench A/B)
@@ -28,7 +30,12 @@ ARENA_BYTES = 128 << 20  # most per group
 # 1510 / 370 -> 1272 / 391 -> 1341 / 371; SD-1.5 4896 / 15191 -> 4554 / 15448 at 128)
 GROUPS = 128
 SMALLEST = 1 << 20
-ALIGN = 64  # elements (256 bytes)
+ALIGN = OFFSET_ALIGN // 4  # elements: the runtime's offset alignment, 256 bytes
+
+
+def padded(elements: int) -> int:
+    """Elements a tensor takes in its arena: up to the next 256-byte boundary."""
+    return -(-elements // ALIGN) * ALIGN
 
 
 def layout(sizes: dict) -> tuple:
@@ -38,11 +45,11 @@ def layout(sizes: dict) -> tuple:
     what training holds beyond the gradients themselves. Parameters of one element stay
     out: an update kernel reads a one-element parameter and a scalar alike."""
     sizes = {n: size for n, size in sizes.items() if size > 1} if ARENAS else {}
-    total = sum(-(-size // ALIGN) * ALIGN * 4 for size in sizes.values())
+    total = sum(padded(size) * 4 for size in sizes.values())
     limit = min(ARENA_BYTES, max(SMALLEST, -(-total // GROUPS)))
     groups, cur, used = [], [], 0
     for name, size in sizes.items():
-        need = -(-size // ALIGN) * ALIGN * 4
+        need = padded(size) * 4
         if cur and used + need > limit:
             groups.append(tuple(cur))
             cur, used = [], 0
@@ -58,7 +65,7 @@ def offsets(names, sizes) -> tuple:
     out, at = {}, 0
     for name in names:
         out[name] = at
-        at += -(-sizes[name] // ALIGN) * ALIGN
+        at += padded(sizes[name])
     end = max((out[n] + sizes[n] for n in names), default=0)
     return out, end
 
@@ -79,8 +86,9 @@ def plan_leaves(graphs) -> tuple:
             for n in names:
                 shape = g.nodes[params[n]].shape
                 for s in states:  # optimizer.<name>.<suffix> of the parameter's shape
-                    if s.startswith(f"optimizer.{n}.") and g.nodes[states[s]].shape == shape:
-                        columns.setdefault(s[len(n) + 11:], {})[n] = s
+                    suffix = s[len(n) + 11:]
+                    if s.startswith(f"optimizer.{n}.") and "." not in suffix and g.nodes[states[s]].shape == shape:
+                        columns.setdefault(suffix, {})[n] = s
             for column, leaf in columns.items():
                 if len(leaf) != len(names):
                     continue  # a state only some parameters have stays in its own buffers
@@ -93,17 +101,24 @@ def plan_leaves(graphs) -> tuple:
 
 def place(sched, leaf_place: dict, leaf_spans: dict) -> None:
     """sched.placement: storage -> (arena, element offset) for this program's placed leaves
-    and, where it has groups, its gradients; sched.arena_elements: arena -> elements.
+    and, where it has groups, its gradients; sched.arena_elements: arena -> elements;
+    sched.arena_offsets: parameter arena -> the offsets of the parameters planned in it
+    (by whichever program planned them: another program may train only some of them).
 
     A parameter's gradient is the one tensor of its size that its update kernel reads
-    besides leaves. It stays out when it is shared (two parameters' gradients can be one
-    node after common subexpressions), is an output, or sits in a kernel that reads
-    another tensor of the same arena while writing it (WebGPU forbids reading and
-    writing one buffer in one dispatch)."""
+    besides leaves. The first parameter reading a shared one (two parameters' gradients
+    can be one node after common subexpressions) places it; the other's update kernel
+    then reads it at that parameter's offset, and its group is not widened. An output
+    stays out. A kernel reading one tensor of an arena and writing another gets that
+    binding declared read_write too (PackageBuilder._dispatch): WebGPU refuses a buffer
+    both read and written in one dispatch."""
     g, storage = sched.graph, sched.storage
     nodes = g.nodes
     placement, spans = {}, {}
-    sched.arena_members = {("param", c): len(names) for c, names in enumerate(g.arenas)}
+    sched.arena_offsets = {}
+    for name, (arena, off) in leaf_place.items():
+        if arena[0] == "param":
+            sched.arena_offsets.setdefault(arena, set()).add(off)
     for op in ("param", "state"):
         for name, i in g.leaves(op).items():
             if name in leaf_place:
@@ -133,22 +148,14 @@ def place(sched, leaf_place: dict, leaf_spans: dict) -> None:
                 key = ("grad", arena[1])
                 placement[s] = (key, off)
                 spans[key] = leaf_spans[arena]
-        for k in sched.kernels:  # no kernel may read one tensor of an arena and write another
-            wrote = {storage.get(r, r) for r in k.roots}
-            read = {placement[s][0] for s in (storage.get(x, x) for x in k.reads) if s in placement and s not in wrote}
-            for s in wrote:
-                if s in placement and placement[s][0] in read:
-                    if placement[s][0][0] != "grad":
-                        raise RuntimeError(f"kernel {k.kind} writes {nodes[s].op} {s} beside a tensor of its arena")
-                    del placement[s]
     sched.placement, sched.arena_elements = placement, spans
 
 
-def merge_updates(codes: list, placement: dict, spans: dict, members_of: dict, is_scalar, grid, wg: int) -> list:
+def merge_updates(codes: list, placement: dict, spans: dict, offsets_of: dict, is_scalar, grid, wg: int) -> list:
     """`codes` with each group's per-parameter update kernels (the same WGSL but for their
     length; every binding placed at the parameter's offset, or one element) replaced by one
-    kernel over the whole group, where the last of them ran: when every parameter of the
-    group has such a kernel (the widened one runs over all of the group's elements)."""
+    kernel over the whole group, where the last of them ran: when each parameter planned in
+    the group has exactly one such kernel (the widened one runs over all of its elements)."""
     from .codegen import KernelCode
 
     groups = {}
@@ -158,7 +165,8 @@ def merge_updates(codes: list, placement: dict, spans: dict, members_of: dict, i
             groups.setdefault(sig, []).append(j)
     drop, put = set(), {}
     for (wgsl, bindings, arena), members in groups.items():
-        if len(members) < 2 or len(members) != members_of.get(arena):
+        offsets = [_param_offset(codes[j], placement) for j in members]
+        if len(members) < 2 or len(set(offsets)) != len(offsets) or set(offsets) != offsets_of.get(arena):
             continue
         lo, hi = members[0], members[-1]
         mine = set(members)
@@ -175,6 +183,10 @@ def merge_updates(codes: list, placement: dict, spans: dict, members_of: dict, i
 
 
 _TOTAL = "idx >= TOTAL)"
+
+
+def _param_offset(code, placement) -> int:
+    return next(placement[s][1] for s, _ in code.bindings if s in placement and placement[s][0][0] == "param")
 
 
 def _where(s, placement):

@@ -55,6 +55,7 @@ class _Bindings:
 
     def __init__(self, graph, storage):
         self.g, self.storage, self.slots = graph, storage, []  # slots: [storage, access]
+        self.key_types = {}  # slot key that is no node -> its WGSL element type
         self.shared_from = 0
 
     def st(self, i):
@@ -72,8 +73,9 @@ class _Bindings:
             self.slots[b][1] = "read_write"
         return f"t{b}"
 
-    def use_key(self, key, write=False) -> str:
+    def use_key(self, key, write=False, dtype="f32") -> str:
         """A slot for a buffer that is no node's own (a range of an arena, a temp)."""
+        self.key_types[key] = dtype
         found = [b for b, slot in enumerate(self.slots) if slot[0] == key and b >= self.shared_from]
         if not found:
             self.slots.append([key, "read"])
@@ -86,7 +88,7 @@ class _Bindings:
         lines = []
         for b, (s, access) in enumerate(self.slots):
             name = names[b] if names else f"t{b}"
-            ty = _wtype(self.g.nodes[s].dtype) if isinstance(s, int) else "f32"
+            ty = _wtype(self.g.nodes[s].dtype) if isinstance(s, int) else self.key_types.get(s, "f32")
             lines.append(f"@group(0) @binding({b}) var<storage, {access}> {name}: array<{ty}>;")
         return "\n".join(lines)
 
@@ -223,7 +225,8 @@ def _window_read(user, inp, cs, name, b):
         conds.append(f"{t} >= 0 && {t} < {d}")
         if s:
             terms.append(f"{t} * {s}")
-    read = f"{name}[u32(max({' + '.join(terms) if terms else '0'}, 0))]"
+    # (select() evaluates both sides: the read is clamped into the tensor even where it is not used)
+    read = f"{name}[min(u32(max({' + '.join(terms) if terms else '0'}, 0)), {max(inp.size, 1) - 1}u)]"
     fill = f32_literal(user.attr("value", 0.0)) if inp.dtype == "f32" else str(int(user.attr("value", 0)))
     return key, f"select({fill}, {read}, {' && '.join(conds) if conds else 'true'})"
 
@@ -271,9 +274,10 @@ COUNT_SLICE = 2048  # elements per workgroup of a counting pass, at least
 def _count_nonfinite(sched: Schedule, k: Kernel):
     """The NaN guard's count of non-finite elements over several tensors (a step's gradients),
     as sums over their elements one after the other: a pass (two when split) per
-    COUNT_GROUP tensors, not a reduction each (686 for SD-1.5). Gradients placed in an
-    arena (compiler/arenas.py) are read as its ranges: a group of them is one binding. The
-    count ignores order, so each tensor is read as it lies; several passes add up theirs."""
+    COUNT_GROUP bindings, not a reduction each (686 for SD-1.5). Gradients placed in an
+    arena (compiler/arenas.py) are read as ranges of it, one binding for each run of them
+    with no padding between. The count ignores order, so each tensor is read as it lies;
+    several passes add up theirs."""
     g = sched.graph
     (r,) = k.roots
     spans = []  # [binding key, first element, end]

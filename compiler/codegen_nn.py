@@ -3,7 +3,8 @@
 Convolutions never build an im2col matrix: the implicit-GEMM template's load functions
 compute, for each (row, column) of the virtual matrix, which input element it is.
   forward          C[co, (n,oy,ox)]  = W[co, (ci,ky,kx)] . X[(ci,ky,kx), (n,oy,ox)]
-  input gradient   (= conv_transpose2d) gathers, for each input pixel, the outputs it fed
+  input gradient   (= conv_transpose2d) gathers, for each input pixel, the outputs it fed;
+                   strided ones run as one dense GEMM per output phase (_transposed_by_phase)
   weight gradient  C[co, (ci,ky,kx)] = dY[co, (n,oy,ox)] . X[(n,oy,ox), (ci,ky,kx)]
 Groups are the GEMM's batch dimension.
 """
@@ -207,7 +208,7 @@ def pool(sched: Schedule, k: Kernel) -> KernelCode:
         arg = ("temp", next(_temp_ids))
         pre = _Bindings(g, sched.storage)
         tx0 = pre.use(base_of(g, n.inputs[0]))
-        targ = pre.use_key(arg, write=True)
+        targ = pre.use_key(arg, write=True, dtype="i32")
         body = [_split("idx", ["plane", "oy", "ox"], [nb * c, ho, wo]),
                 f"    let y0 = i32(oy * {s[0]}u) - {p[0]}; let x0 = i32(ox * {s[1]}u) - {p[1]};",
                 "    var m = bitcast<f32>(0xff800000u); var best = -1;",
@@ -216,10 +217,10 @@ def pool(sched: Schedule, k: Kernel) -> KernelCode:
                 f"        if (yy >= 0 && yy < {h} && xx >= 0 && xx < {w}) {{",
                 f"            let v = {tx0}[(plane * {h}u + u32(yy)) * {w}u + u32(xx)];",
                 f"            if (v > m || (v != v && m == m)) {{ m = v; best = yy * {w} + xx; }}",
-                "        }", "    } }", f"    {targ}[idx] = bitcast<f32>(best);"]
+                "        }", "    } }", f"    {targ}[idx] = best;"]
         first = _map_kernel(pre, gy.size, "\n".join(body), n.op + "/argmax")
         first.temps = {arg: gy.size * 4}
-        tx = bind.use_key(arg)
+        tx = bind.use_key(arg, dtype="i32")
     tg = bind.use(base_of(g, n.inputs[1]))
     out = bind.use(r, write=True)
     lines = [_split("idx", ["plane", "iy", "ix"], [nb * c, h, w]), "    var acc = 0.0;",
@@ -231,7 +232,7 @@ def pool(sched: Schedule, k: Kernel) -> KernelCode:
              f"        if (oy >= {ho}u || ox >= {wo}u) {{ continue; }}",
              f"        let gv = {tg}[(plane * {ho}u + oy) * {wo}u + ox];"]
     if n.op == "max_pool2d_grad":
-        lines += [f"        if (bitcast<i32>({tx}[(plane * {ho}u + oy) * {wo}u + ox]) == i32(iy * {w}u + ix)) {{ acc += gv; }}"]
+        lines += [f"        if ({tx}[(plane * {ho}u + oy) * {wo}u + ox] == i32(iy * {w}u + ix)) {{ acc += gv; }}"]
     else:
         lines += ["        let oy_ = oy; let ox_ = ox;", _divisor(at, h, w, kh, kw, p, "oy_", "ox_", "        "),
                   "        acc += gv / div;"]

@@ -257,8 +257,9 @@ def _scores_in_memory(g, scores_bytes: int) -> bool:
 def _g_attention(e, n, i, g):
     """Small attentions differentiate the decomposition (see SCORES_IN_MEMORY_MAX); where the
     fused forward runs on larger ones, the fused backward does too: the forward kernel also
-    writes each row's log-sum-exp, and attention_grad rows (one kernel, see codegen_nn)
-    recompute the probabilities from it, block by block, never [tokens x tokens] in memory.
+    writes each row's log-sum-exp, and attention_grad rows (dQ and dK/dV kernels, see
+    codegen_attention) recompute the probabilities from it, block by block, never
+    [tokens x tokens] in memory.
     Elsewhere (an extra mask, odd head dims) the decomposition is differentiated."""
     from .prepare import _fused_attention_fits
 

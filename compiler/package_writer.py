@@ -13,8 +13,8 @@ import struct
 import msgpack
 import numpy as np
 
-from . import blob as blobs  # (blobs.CHUNK read at write time: tests vary it)
 from . import arenas
+from . import blob as blobs  # (blobs.CHUNK read at write time: tests vary it)
 from .codegen import WG, KernelCode, generate, grid
 from .schedule import Schedule, base_of
 
@@ -25,7 +25,7 @@ ALIGN = 16
 
 
 def nbytes(node) -> int:
-    return max(ALIGN, -(-node.size * 4 // ALIGN) * ALIGN)
+    return bytes_of(node.size)
 
 
 class PackageBuilder:
@@ -59,7 +59,7 @@ class PackageBuilder:
         self.leaf_place.update(place)
         for key, span in spans.items():
             self.leaf_spans[key] = span
-            self.arena_buffer[key] = self._buffer(_arena_bytes(span))
+            self.arena_buffer[key] = self._buffer(bytes_of(span))
 
     def _buffer(self, size: int) -> int:
         self.buffers.append(int(size))
@@ -121,7 +121,7 @@ class PackageBuilder:
             c = generate(sched, k)
             codes.extend(c if isinstance(c, list) else [c])
         placement = sched.placement
-        codes = arenas.merge_updates(codes, placement, sched.arena_elements, sched.arena_members,
+        codes = arenas.merge_updates(codes, placement, sched.arena_elements, sched.arena_offsets,
                                      lambda s: isinstance(s, int) and g.nodes[s].size == 1, grid, WG)
         for c in codes:
             temps.update(c.temps or {})
@@ -136,7 +136,7 @@ class PackageBuilder:
         def size_of(s):
             if s in temps:
                 return temps[s]
-            return _arena_bytes(sched.arena_elements[s]) if isinstance(s, tuple) else nbytes(g.nodes[s])
+            return bytes_of(sched.arena_elements[s]) if isinstance(s, tuple) else nbytes(g.nodes[s])
         buffer_of = {}  # storage node id -> buffer
         for i, n in enumerate(g.nodes):
             if n.op in ("input", "param", "state", "constant"):
@@ -195,20 +195,19 @@ class PackageBuilder:
 
     def _dispatch(self, code, where) -> dict:
         """The manifest entry of one dispatch, adding its kernel when new."""
+        self.max_bindings = max(self.max_bindings, len(code.bindings))
+        self.max_workgroups = max(self.max_workgroups, *code.workgroups)
+        bound = [where(s) for s, _ in code.bindings]
+        written = {b for (b, _), (_, a) in zip(bound, code.bindings) if a == "read_write"}
+        both = [j for j, ((b, _), (_, a)) in enumerate(zip(bound, code.bindings)) if a == "read" and b in written]
+        if both:  # a tensor read beside one written in the same arena: WebGPU allows one buffer
+            code = _writable(code, both)  # bound twice for writing, not for reading and writing
         if code.wgsl not in self.kernel_index:
             self.kernels.append({"label": code.label, "wgsl": code.wgsl, "entry": "main",
                                  "workgroup_size": list(code.workgroup_size),
                                  "access": [a for _, a in code.bindings],
                                  "sha256": hashlib.sha256(code.wgsl.encode()).hexdigest()})
             self.kernel_index[code.wgsl] = len(self.kernels) - 1
-        self.max_bindings = max(self.max_bindings, len(code.bindings))
-        self.max_workgroups = max(self.max_workgroups, *code.workgroups)
-        bound = [where(s) for s, _ in code.bindings]
-        access = {}
-        for (b, _), (_, a) in zip(bound, code.bindings):
-            access.setdefault(b, set()).add(a)
-        if any(len(a) > 1 for a in access.values()):  # WebGPU: one buffer is read or written per dispatch
-            raise RuntimeError(f"kernel {code.label} reads and writes one buffer")
         entry = {"kernel": self.kernel_index[code.wgsl], "buffers": [b for b, _ in bound],
                  "workgroups": list(code.workgroups)}
         if any(r is not None for _, r in bound):
@@ -247,8 +246,20 @@ class PackageBuilder:
                 self.reservation.release()
 
 
-def _arena_bytes(elements: int) -> int:
+def bytes_of(elements: int) -> int:
     return max(ALIGN, -(-elements * 4 // ALIGN) * ALIGN)
+
+
+def _writable(code, slots):
+    """`code` with bindings `slots` declared read_write (they are only read)."""
+    wgsl = code.wgsl
+    for j in slots:
+        decl = f"@binding({j}) var<storage, read>"
+        if wgsl.count(decl) != 1:
+            raise RuntimeError(f"kernel {code.label}: no single read-only declaration of binding {j}")
+        wgsl = wgsl.replace(decl, f"@binding({j}) var<storage, read_write>")
+    bindings = [(s, "read_write" if j in slots else a) for j, (s, a) in enumerate(code.bindings)]
+    return KernelCode(wgsl, code.workgroup_size, bindings, code.workgroups, code.label, code.temps, code.variants)
 
 
 def _pack_by_lifetime(first: dict, last: dict, size_of, new_buffer, buffers, pool=()) -> dict:
@@ -262,8 +273,8 @@ def _pack_by_lifetime(first: dict, last: dict, size_of, new_buffer, buffers, poo
     # instead of a bisect, 0.4 s -> 0.1 s over an SD-size training step's ~10,000 tensors.)
     spans = [[b, buffers[b], 0] for b in sorted(pool, key=lambda b: -buffers[b])]
     size = {s: size_of(s) for s in first}
-    order = {s: (-size[s], first[s], 0, s, "") if isinstance(s, int) else (-size[s], first[s], 1, 0, repr(s))
-             for s in first}  # (node ids before temps and arenas on ties)
+    order = {s: (-size[s], first[s], 0, s, ()) if isinstance(s, int) else (-size[s], first[s], 1, 0, s)
+             for s in first}  # (node ids before temps and arenas on ties; those by their numbers)
     for s in sorted(first, key=order.__getitem__):
         need = size[s]
         busy = ((1 << (last[s] - first[s] + 1)) - 1) << first[s]

@@ -145,7 +145,7 @@ def _clip(e, grads, max_norm):
 def _all_finite(e, loss, grads, chunks):
     """1 when the loss and every gradient are finite, else 0: computed on the GPU by one
     count over all of them (codegen splits it into passes within the binding limit; the
-    gradients of an arena group, in its order here, are read as one range of their arena)."""
+    gradients of an arena group, in its order here, are read as ranges of their arena)."""
     order = [p for chunk in chunks for p in chunk]
     order += [p for p in grads if p not in set(order)]
     return e.op("eq", e.op("count_nonfinite", loss, *[grads[p] for p in order]), e.const(0.0))

@@ -278,6 +278,8 @@ def validate_manifest(m) -> None:
                 if cls not in DEVICE_CLASSES:
                     _fail(f"{vw}: unknown device class; known: {DEVICE_CLASSES}")
                 _dict(v, vw)
+                if set(v) - {"kernel", "workgroups"}:  # a variant swaps the kernel, never what it binds
+                    _fail(f"{vw}: a variant holds only 'kernel' and 'workgroups', not {sorted(set(v))!r:.60}")
                 kv = _int(_key(v, "kernel", vw), f"{vw}.kernel", 0, len(kernels) - 1)
                 if kernels[kv]["access"] != kernels[k]["access"]:
                     _fail(f"{vw}: the variant kernel binds buffers differently")

@@ -77,3 +77,57 @@ def test_weights_at_offsets_save_and_load(device, tmp_path, monkeypatch):
     t.load_weights(tmp_path / "w.safetensors")
     for name, value in new.items():
         np.testing.assert_array_equal(t.read_tensor(name), value, err_msg=name)  # neighbours untouched
+
+
+def test_a_program_training_part_of_a_group_leaves_the_rest_alone(device):
+    """Two training programs of one package: "train_all" plans the groups, "train_head"
+    trains only the head. Its updates must not be widened over the whole group (the frozen
+    layer's slots there hold no gradient of this program)."""
+    from meganeura.compiler.compile import compile_programs
+    from meganeura.compiler.training import build_training_graph
+
+    m = _model(np.random.default_rng(0))
+    full = build_training_graph(m.graph, TrainConfig(lr=0.05))
+    head = build_training_graph(m.graph, TrainConfig(lr=0.05, freeze=["l1.*", "scale.*"]))
+    pkg = Package.from_bytes(compile_programs({"infer": m.graph, "train_all": full, "train_head": head}))
+    s = Session(device, pkg)
+    rng = np.random.default_rng(1)
+    before = s.weights()
+    s.run("train_head", {"x": rng.standard_normal((6, 7)), "labels": rng.integers(0, 5, 6)})
+    after = s.weights()
+    for name in before:
+        assert np.array_equal(before[name], after[name]) == (not name.startswith("l2.")), name
+    s.run("train_all", {"x": rng.standard_normal((6, 7)), "labels": rng.integers(0, 5, 6)})
+    assert not np.array_equal(after["l1.weight"], s.weights()["l1.weight"])
+
+
+def test_an_update_reading_a_group_mate_is_the_same_step(device, monkeypatch):
+    """Without the NaN guard, w's gradient (upstream * a) is computed in w's update kernel,
+    which then reads a and writes w: two tensors of one arena. The read is declared
+    read_write (WebGPU refuses one buffer read and written in a dispatch); the step is the
+    same as with every tensor in its own buffer."""
+    def step(grouped):
+        monkeypatch.setattr(arenas, "ARENAS", grouped)
+        rng = np.random.default_rng(0)
+        b = Builder()
+        x = b.input("x", (6, 13))
+        a = b.param("a", rng.standard_normal((1, 13)))
+        w = b.param("w", rng.standard_normal((6, 13)))
+        b.output("y", b.sum(x * (w * a), axes=(1,), keepdims=True))
+        pkg = Package.from_bytes(compile_model(b.build(), TrainConfig(loss="mse", skip_nonfinite=False)))
+        s = Session(device, pkg)
+        s.run("train_step", {"x": rng.standard_normal((6, 13)), "labels": np.zeros((6, 1))})
+        return pkg, s.weights()
+    pkg, grouped = step(True)
+    kernels = pkg.manifest["kernels"]
+    mixed = []  # (dispatch, buffer) where one buffer is bound twice and written
+    for d in pkg.programs["train_step"]["dispatches"]:
+        access = kernels[d["kernel"]]["access"]
+        for b in {b for b in d["buffers"] if d["buffers"].count(b) > 1}:
+            uses = [a for a, bb in zip(access, d["buffers"]) if bb == b]
+            if "read_write" in uses:
+                mixed.append(uses)
+    assert mixed and all(set(uses) == {"read_write"} for uses in mixed), mixed
+    _, plain = step(False)
+    for name, value in plain.items():
+        np.testing.assert_array_equal(grouped[name], value, err_msg=name)

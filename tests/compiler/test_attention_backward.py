@@ -82,9 +82,10 @@ def _run(device, qs, ks, at, wrt="qkv", seed=0):
 
 def _split_loops(monkeypatch, split):
     """Cut the backward kernels' loops into chunks of one block each (partial sums, then a sum
-    pass), as codegen_attention does for long sequences over few workgroups."""
+    pass), as codegen_attention does for long sequences over few workgroups; or not at all."""
     from meganeura.compiler import codegen_attention
 
+    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "fill", 0)  # whole loops
     if split:
         monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "fill", 1 << 20)
         monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "min_blocks", 1)

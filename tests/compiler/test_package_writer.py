@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from meganeura.compiler import Builder, TrainConfig, blob, compile_model
 from meganeura.compiler import compile as compile_mod
-from meganeura.compiler.compile import compile_programs
+from meganeura.compiler.compile import compile_graph, compile_programs
 from meganeura.compiler.models import unet
 from meganeura.compiler.package_writer import PackageBuilder
 from meganeura.compiler.prepare import prepare
@@ -175,3 +175,33 @@ def test_compiles_pause_the_cycle_collector_and_restore_its_state(monkeypatch):
         assert not gc.isenabled()  # a caller's own choice survives, errors included
     finally:
         gc.enable()
+
+
+def test_bytes_do_not_depend_on_earlier_compiles(monkeypatch):
+    """Temp buffers are numbered by a process-wide counter: two temps of one size and first
+    use (an attention gradient's dK and dV partial sums) must pack by their order, not by how
+    their numbers spell (temp 100 before temp 99 as text)."""
+    from meganeura.compiler import codegen, codegen_attention, codegen_gemm, codegen_nn, ops_layers
+    from meganeura.compiler.autodiff import gradients
+
+    monkeypatch.setattr(ops_layers, "SCORES_IN_MEMORY_MAX", 0)  # the fused kernels
+    monkeypatch.setattr(ops_layers, "SCORES_PARAM_SHARE", 0)
+    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "fill", 1 << 20)  # chunked: partial sums
+    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "min_blocks", 1)
+
+    def build():
+        b = Builder()
+        ins = {n: b.input(n, (1, 2, 40, 8)) for n in "qkv"}
+        o = b.attention(ins["q"], ins["k"], ins["v"])
+        ct = b.input("ct", o.shape)
+        grads = gradients(b.e, b.sum(o * ct).id, [ins[n].id for n in "qkv"])
+        b.output("o", o)
+        b.g.outputs.update({"g" + n: grads[ins[n].id] for n in "qkv"})
+        return b.g
+    seen = set()
+    for start in [*range(1, 14), *range(88, 102)]:  # counters about to pass 10 and 100
+        ids = iter(range(start, 1 << 62))
+        for mod in (codegen, codegen_attention, codegen_gemm, codegen_nn):
+            monkeypatch.setattr(mod, "_temp_ids", ids)
+        seen.add(hashlib.sha256(compile_graph(build())).hexdigest())
+    assert len(seen) == 1

@@ -184,6 +184,9 @@ def _range_mutations(m: dict, rng: random.Random):
             t["offset"] = rng.choice([1, 4, 128, -256, 1 << 50, "256", None, mm["buffers"][t["buffer"]]])
         elif choice == 5:
             mm["tensors"][rng.choice(inputs)]["offset"] = 256
+        elif choice == 6 and rng.random() < 0.5:  # a variant rebinding what the checked dispatch binds
+            d.setdefault("variants", {})["cpu"] = {"kernel": d["kernel"], "workgroups": d["workgroups"],
+                                                   "ranges": [[0, 4]] * len(d["buffers"])}
         else:
             d["ranges"] = rng.choice([{}, "ranges", [None] * (len(d["buffers"]) + 1)])
         yield f"range {choice}", mm
