@@ -1,6 +1,7 @@
 """DinoVision's per-frame ML time at 224x224, mono and stereo: meganeura's infer and
 decoder-training programs against the same model in PyTorch eager (bench/dinovision_torch.py,
-same weights), on the same GPU in one process. fp32, TF32 off.
+same weights), on the same GPU in one process. fp32, TF32 off. Sessions without shader
+checks, as the demo makes them (it compiles its own package).
 
     python bench/dinovision.py [--out DIR] [--iters N] [--size 224]
 """
@@ -40,7 +41,8 @@ def main(argv=None):
     weights = load_backbone()
     rows = []
     # warm the GPU's clocks and the driver's caches first, so the first row is not penalised
-    warm = Session(device, Package.from_bytes(compile_demo(DemoConfig(height=args.size, width=args.size), weights)))
+    warm = Session(device, Package.from_bytes(compile_demo(DemoConfig(height=args.size, width=args.size), weights)),
+                   shader_checks=False)
     time_program(warm, "infer", {"pixel_values": np.zeros((1, 3, args.size, args.size), np.float32)}, iters=30)
     del warm
     for eyes in (1, 2):
@@ -48,7 +50,7 @@ def main(argv=None):
         t = time.perf_counter()
         data = compile_demo(cfg, weights)
         compile_s = time.perf_counter() - t
-        session = Session(device, Package.from_bytes(data))
+        session = Session(device, Package.from_bytes(data), shader_checks=False)  # as the demo runs it
         rng = np.random.default_rng(0)
         x = rng.standard_normal((eyes, 3, args.size, args.size)).astype(np.float32)
         lh, lw = cfg.label_shape
