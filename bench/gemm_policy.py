@@ -22,6 +22,8 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
     (512, 576, 49152, "none"),  # SmolLM2's tied lm head
     (16, 64, 56, "conv3x3"),  # ResNet-50's stage-1 3x3 convolution at batch 16: (batch, channels, size)
     (16, 64, 56, "conv3x3_grad"), (16, 256, 14, "conv3x3_grad"),  # ... forward and both gradients (stages 1, 3)
+    (16, 128, 28, "conv3x3"), (16, 256, 14, "conv3x3"), (16, 512, 7, "conv3x3"),  # stages 2-4 forward
+    (16, 128, 28, "conv3x3_grad"), (16, 512, 7, "conv3x3_grad"),
 ]
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
 _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True}
@@ -31,7 +33,9 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: the last)
     "F, 128-tiles: B groups 64 apart": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 0},
     "F, 128-tiles: A and B groups 64 apart": {**_F, **_BIG, "spread_a": True, "spread_b": True, "big_min_side": 0},
     "F, B groups 64 apart, 128-tiles only when M, N >= 128": {**_F, **_BIG, "spread_a": False, "spread_b": True,
-                                                              "big_min_side": 128},
+                                                              "big_min_side": 128, "big_split": 0},
+    "... and split 128-tiles up to 8 ways": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128,
+                                             "big_split": 8},
 }
 ITERS = 100
 # attention backward (dQ, dK, dV of one attention): Whisper-tiny, DINOv2, SD-1.5's first level (self, cross)
@@ -179,6 +183,7 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="two small cases, three runs each (CPU rasterisers)")
     ap.add_argument("--big-only", action="store_true", help="only the GEMMs on 128-tiles; no attention")
     ap.add_argument("--attention-backward-only", action="store_true", help="only the attention backward cases")
+    ap.add_argument("--conv-only", action="store_true", help="only ResNet-50's 3x3 convolutions and their gradients")
     args = ap.parse_args(argv)
     global GEMMS, ATTENTIONS, ITERS
     if args.big_only:
@@ -191,6 +196,9 @@ def main(argv=None):
         ATTENTIONS = []
     if args.attention_backward_only:
         GEMMS, ATTENTIONS = [], []
+    if args.conv_only:
+        GEMMS, ATTENTIONS = [g for g in GEMMS if g[3].startswith("conv")], []
+        ATTENTION_BACKWARDS[:] = []
     if args.smoke:
         ATTENTION_BACKWARDS[:] = [(1, 2, 40, 30, 8)]
         GEMMS, ATTENTIONS, ITERS = [(33, 40, 20, "gelu"), (20, 600, 30, "bias"), (1, 4, 6, "conv3x3")], [(1, 2, 40, 300, 8)], 3

@@ -122,7 +122,12 @@ GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 12
              "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True,  # convolutions' im2col loads: 284 us with 8, 307 with 16
              # 128-tiles: a thread's 4-column groups 64 apart (4096^3 3.89 -> 3.73 ms); only where M and N
              # are both >= 128 (ResNet's 64-channel 3x3 convolution with both gradients 1067 -> 814 us)
-             "spread_a": False, "spread_b": True, "big_min_side": 128}
+             "spread_a": False, "spread_b": True, "big_min_side": 128,
+             # convolutions on 128-tiles with split-K where M and N fill them but too few tiles fill the
+             # GPU, up to this many slices (0: 64-tiles then). ResNet-50's 3x3 convolutions and both
+             # gradients (bench/gemm_policy.py --conv-only): 4280 -> 3889 us over eight cases
+             # (stage 4 forward 283 -> 185 us; one loses: stage 2's gradients 685 -> 726)
+             "big_split": 8}
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
@@ -133,8 +138,13 @@ def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
 
     fill = GEMM_PLAN["fill"]
     # large tiles only when they still fill the GPU (and, with big_min_side, when M and N fill them)
+    big_bk = GEMM_PLAN["big_bk_conv" if conv else "big_bk"]
     if tiles(128) >= 256 and min(m, n) >= GEMM_PLAN["big_min_side"]:
-        return 128, GEMM_PLAN["big_bk_conv" if conv else "big_bk"], 1
+        return 128, big_bk, 1
+    if conv and GEMM_PLAN["big_split"] and min(m, n) >= max(128, GEMM_PLAN["big_min_side"]):
+        split = min(GEMM_PLAN["big_split"], -(-fill // tiles(128)), k // (GEMM_PLAN["slice_min"] * 4))
+        if split > 1:
+            return 128, big_bk, split
     if tiles(64) >= fill:
         return 64, 16, 1
     short = k <= GEMM_PLAN["short_k"]

@@ -76,6 +76,36 @@ def test_conv_gradients_on_both_variants(device_class, device):
         assert np.abs(got[k] - ref).max() / np.abs(ref).max() < 1e-4, k
 
 
+@pytest.mark.parametrize("device_class", ["cpu", "gpu"])
+def test_conv_on_split_128_tiles(device_class, device, monkeypatch):
+    """GEMM_PLAN["big_split"]: a convolution whose M and N fill 128-tiles but whose tiles are too
+    few runs on them with split-K (partials, then a sum), forward and both gradients."""
+    import torch
+
+    from meganeura.compiler import codegen_gemm
+
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "big_split", 8)
+    assert codegen_gemm.gemm_plan(130, 288, 1152, 1, conv=True)[::2] == (128, 4)
+    rng = np.random.default_rng(4)
+    b = Builder()
+    x, w = b.input("x", (2, 128, 12, 12)), b.input("w", (130, 128, 3, 3))
+    y = b.conv2d(x, w, padding=(1, 1, 1, 1))
+    ct = b.input("ct", y.shape)
+    g = gradients(b.e, b.sum(y * ct).id, [x.id, w.id])
+    b.output("y", y)
+    b.g.outputs.update(gx=g[x.id], gw=g[w.id])
+    X, W, CT = rng.standard_normal((2, 128, 12, 12)), rng.standard_normal((130, 128, 3, 3)) * 0.1, rng.standard_normal(y.shape)
+    pkg = Package.from_bytes(compile_model(b.build()))
+    labels = [k["label"] for k in pkg.manifest["kernels"]]
+    assert any("/splitk-sum" in lab for lab in labels), labels
+    got = Session(device, pkg, device_class=device_class).run("infer", {"x": X, "w": W, "ct": CT})
+    tx, tw = torch.tensor(X, requires_grad=True), torch.tensor(W, requires_grad=True)
+    ty = torch.nn.functional.conv2d(tx, tw, padding=1)
+    (ty * torch.tensor(CT)).sum().backward()
+    for k, ref in (("y", ty.detach().numpy()), ("gx", tx.grad.numpy()), ("gw", tw.grad.numpy())):
+        assert np.abs(got[k] - ref).max() / np.abs(ref).max() < 1e-4, k
+
+
 @pytest.mark.parametrize("k", [48, 3000, 45])  # plain, split-K (sum kernel runs the epilogue), odd K
 @pytest.mark.parametrize("device_class", ["cpu", "gpu"])
 def test_matmul_epilogues(k, device_class, device):
