@@ -28,7 +28,7 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
 _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True}
 _BIG = {"big_bk": 16, "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
-GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: the last)
+GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles only when M, N >= 128")
     "F": {**_F, **_BIG, "spread_a": False, "spread_b": False, "big_min_side": 0},
     "F, 128-tiles: B groups 64 apart": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 0},
     "F, 128-tiles: A and B groups 64 apart": {**_F, **_BIG, "spread_a": True, "spread_b": True, "big_min_side": 0},

@@ -160,9 +160,9 @@ def main(argv=None):
     ap.add_argument("--no-arenas", action="store_true",
                     help="experiment: arenas.ARENAS off (each parameter, its gradient and its optimizer state in "
                          "buffers of their own; one update kernel per parameter)")
-    ap.add_argument("--no-big-split", action="store_true",
-                    help="experiment: codegen_gemm.GEMM_PLAN['big_split'] = 0 (convolutions too few for 128-tiles "
-                         "take 64-tiles)")
+    ap.add_argument("--big-split", type=int, default=None,
+                    help="experiment: codegen_gemm.GEMM_PLAN['big_split'] (convolutions too few for 128-tiles "
+                         "split K over up to this many slices on them; 0: 64-tiles)")
     ap.add_argument("--no-shader-checks", action="store_true",
                     help="Session(shader_checks=False): kernels without the WGSL compiler's index clamps and "
                          "loop bounds (for packages one compiled oneself)")
@@ -171,10 +171,10 @@ def main(argv=None):
                          "backward aims for by cutting its loops; 0: whole loops)")
     args = ap.parse_args(argv)
     SESSION_OPTIONS["shader_checks"] = not args.no_shader_checks
-    if args.no_big_split:
+    if args.big_split is not None:
         from meganeura.compiler import codegen_gemm
 
-        codegen_gemm.GEMM_PLAN["big_split"] = 0
+        codegen_gemm.GEMM_PLAN["big_split"] = args.big_split
     if args.attention_fill is not None:
         from meganeura.compiler import codegen_attention
 
@@ -219,7 +219,7 @@ def main(argv=None):
             "gemm_prologues": args.gemm_prologues, "pointwise_conv_as_matmul": not args.pointwise_conv_as_conv,
             "sink_chains": not args.no_sink_chains, "arenas": not args.no_arenas,
             "attention_fill": args.attention_fill,
-            "shader_checks": not args.no_shader_checks, "big_split": not args.no_big_split}
+            "shader_checks": not args.no_shader_checks, "big_split": args.big_split}
     rows = []
     out = Path(args.out)
     for name, spec in WORKLOADS.items():

@@ -124,10 +124,8 @@ GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 12
              # are both >= 128 (ResNet's 64-channel 3x3 convolution with both gradients 1067 -> 814 us)
              "spread_a": False, "spread_b": True, "big_min_side": 128,
              # convolutions on 128-tiles with split-K where M and N fill them but too few tiles fill the
-             # GPU, up to this many slices (0: 64-tiles then). ResNet-50's 3x3 convolutions and both
-             # gradients (bench/gemm_policy.py --conv-only): 4280 -> 3889 us over eight cases
-             # (stage 4 forward 283 -> 185 us; one loses: stage 2's gradients 685 -> 726)
-             "big_split": 8}
+             # GPU, up to this many slices (0: 64-tiles then); off: see bench/REJECTED.md
+             "big_split": 0}
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
