@@ -160,6 +160,8 @@ def main(argv=None):
     ap.add_argument("--no-arenas", action="store_true",
                     help="experiment: arenas.ARENAS off (each parameter, its gradient and its optimizer state in "
                          "buffers of their own; one update kernel per parameter)")
+    ap.add_argument("--columns-split-from", type=int, default=None,
+                    help="experiment: reductions.COLUMNS_SPLIT_FROM (column reductions over fewer rows run unsplit)")
     ap.add_argument("--big-split", type=int, default=None,
                     help="experiment: codegen_gemm.GEMM_PLAN['big_split'] (convolutions too few for 128-tiles "
                          "split K over up to this many slices on them; 0: 64-tiles)")
@@ -171,6 +173,10 @@ def main(argv=None):
                          "backward aims for by cutting its loops; 0: whole loops)")
     args = ap.parse_args(argv)
     SESSION_OPTIONS["shader_checks"] = not args.no_shader_checks
+    if args.columns_split_from is not None:
+        from meganeura.compiler import reductions
+
+        reductions.COLUMNS_SPLIT_FROM = args.columns_split_from
     if args.big_split is not None:
         from meganeura.compiler import codegen_gemm
 
@@ -219,7 +225,8 @@ def main(argv=None):
             "gemm_prologues": args.gemm_prologues, "pointwise_conv_as_matmul": not args.pointwise_conv_as_conv,
             "sink_chains": not args.no_sink_chains, "arenas": not args.no_arenas,
             "attention_fill": args.attention_fill,
-            "shader_checks": not args.no_shader_checks, "big_split": args.big_split}
+            "shader_checks": not args.no_shader_checks, "big_split": args.big_split,
+            "columns_split_from": args.columns_split_from}
     rows = []
     out = Path(args.out)
     for name, spec in WORKLOADS.items():

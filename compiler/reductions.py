@@ -19,12 +19,16 @@ def reduce_split(outer: int, red: int, inner: int, roots: int = 1) -> int:
         # statistics over [16, 256, 56, 56] are 256 rows of 50,176: unsplit, 8.6 ms a ResNet-50 step
         s = min(-(-2048 // (outer * roots)), red // 2048, 1024)
     else:  # columns: a thread per (output, slice), >= 32 rows each
-        if outer * inner * roots >= 32768 or red < 64:
+        if outer * inner * roots >= 32768 or red < COLUMNS_SPLIT_FROM:
             return 1
         s = min(-(-65536 // (outer * inner * roots)), red // 32, 256)
     s = max(1, s)
     return -(-red // -(-red // s))  # no empty slice
 
+
+# column reductions over fewer rows than this run unsplit: one pass, a thread per output (from
+# 512 instead: DINOv2's step 10.1 -> 17.0 ms, bench/REJECTED.md)
+COLUMNS_SPLIT_FROM = 64
 
 # below this many outputs, a split reduction's combining pass is reduce_rows over the slices (a
 # workgroup per output): one thread summing 1,024 partials took 68 us per NaN-guard count
