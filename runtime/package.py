@@ -147,6 +147,10 @@ class Package:
         params = [t for t in m["tensors"] if t["role"] == "param"]
         count = sum(int(np.prod(t["shape"], dtype=np.int64)) for t in params)
         lines.append(f"  parameters: {len(params)} tensors, {count} values")
+        groups = {t["buffer"] for t in params if "offset" in t}
+        if groups:
+            lines.append(f"  parameter groups: {len(groups)} (a group's parameters share a buffer; the optimizer "
+                         "updates a group in one kernel)")
         for t in params:
             lines.append(f"    {t['name']}: {t['dtype']}{t['shape']}")
         for name, p in m["programs"].items():

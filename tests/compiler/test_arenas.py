@@ -55,6 +55,8 @@ def test_a_grouped_step_is_the_same_step_bit_for_bit(device, cfg, monkeypatch):
     pkg, labels, grouped = _train(device, cfg, True, monkeypatch)
     placed = [t for t in pkg.manifest["tensors"] if t.get("offset")]
     assert {t["role"] for t in placed} == {"param", "state"}  # parameters and optimizer state at offsets
+    groups = len({t["buffer"] for t in pkg.manifest["tensors"] if t["role"] == "param" and "offset" in t})
+    assert f"parameter groups: {groups} (" in pkg.summary()
     widened = [label for label in labels if label.split(" x")[-1].isdigit() and "count" not in label]
     assert widened and len(widened) < 8, labels  # 8 parameters, updated by a few kernels
     _, plain_labels, plain = _train(device, cfg, False, monkeypatch)
