@@ -162,6 +162,8 @@ def main(argv=None):
                          "buffers of their own; one update kernel per parameter)")
     ap.add_argument("--columns-split-from", type=int, default=None,
                     help="experiment: reductions.COLUMNS_SPLIT_FROM (column reductions over fewer rows run unsplit)")
+    ap.add_argument("--regs64", action="store_true",
+                    help="experiment: codegen_gemm.GEMM_PLAN['regs64'] (64-tiles with 8x8 outputs per thread)")
     ap.add_argument("--big-split", type=int, default=None,
                     help="experiment: codegen_gemm.GEMM_PLAN['big_split'] (convolutions too few for 128-tiles "
                          "split K over up to this many slices on them; 0: 64-tiles)")
@@ -177,6 +179,10 @@ def main(argv=None):
         from meganeura.compiler import reductions
 
         reductions.COLUMNS_SPLIT_FROM = args.columns_split_from
+    if args.regs64:
+        from meganeura.compiler import codegen_gemm
+
+        codegen_gemm.GEMM_PLAN["regs64"] = True
     if args.big_split is not None:
         from meganeura.compiler import codegen_gemm
 
@@ -225,7 +231,7 @@ def main(argv=None):
             "gemm_prologues": args.gemm_prologues, "pointwise_conv_as_matmul": not args.pointwise_conv_as_conv,
             "sink_chains": not args.no_sink_chains, "arenas": not args.no_arenas,
             "attention_fill": args.attention_fill,
-            "shader_checks": not args.no_shader_checks, "big_split": args.big_split,
+            "shader_checks": not args.no_shader_checks, "big_split": args.big_split, "regs64": args.regs64,
             "columns_split_from": args.columns_split_from}
     rows = []
     out = Path(args.out)

@@ -33,58 +33,62 @@ def _inner(tg: int) -> str:
 
 
 INNER = {tg: _inner(tg) for tg in (8, 16)}
-def _halves128(op: str, spread: bool) -> tuple:
+def _halves128(op: str, spread: bool, tg: int = 16) -> tuple:
     """Tile entries of a thread's two groups of 4 rows (A) or columns (B): side by side
-    (8 in a row), or 64 apart (`spread`: neighbouring threads read neighbouring 16-byte
+    (8 in a row), or TG groups apart (`spread`: neighbouring threads read neighbouring 16-byte
     entries, one pass through workgroup memory per 8 threads instead of two)."""
     lid = "lid.y" if op == "a" else "lid.x"
-    return (f"{lid}", f"16u + {lid}") if spread else (f"{lid} * 2u", f"{lid} * 2u + 1u")
+    return (f"{lid}", f"{tg}u + {lid}") if spread else (f"{lid} * 2u", f"{lid} * 2u + 1u")
 
 
-def _inner128(bk: int) -> str:
+def _inner128(bk: int, tg: int = 16) -> str:
     """igemm128.wgsl's unrolled K step: BK rows of the tiles, 64 multiply-adds each."""
-    (al, ah), (bl, bh) = _halves128("a", GEMM_PLAN["spread_a"]), _halves128("b", GEMM_PLAN["spread_b"])
+    (al, ah), (bl, bh) = _halves128("a", GEMM_PLAN["spread_a"], tg), _halves128("b", GEMM_PLAN["spread_b"], tg)
+    w = 2 * tg  # groups of 4 in a tile row
     return "\n".join(
-        f"        let a{kk}l = a_tile[{kk * 32}u + {al}];\n        let a{kk}h = a_tile[{kk * 32}u + {ah}];\n"
-        f"        let b{kk}l = b_tile[{kk * 32}u + {bl}];\n        let b{kk}h = b_tile[{kk * 32}u + {bh}];\n"
+        f"        let a{kk}l = a_tile[{kk * w}u + {al}];\n        let a{kk}h = a_tile[{kk * w}u + {ah}];\n"
+        f"        let b{kk}l = b_tile[{kk * w}u + {bl}];\n        let b{kk}h = b_tile[{kk * w}u + {bh}];\n"
         + "\n".join(f"        acc{r}l = acc{r}l + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}l;\n"
                     f"        acc{r}h = acc{r}h + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}h;" for r in range(8))
         for kk in range(bk))
 
 
-def _stores128() -> dict:
+def _stores128(tg: int = 16) -> dict:
     """igemm128.wgsl's result stores: row r of the 8 (A's groups), columns of B's groups."""
     sa, sb = GEMM_PLAN["spread_a"], GEMM_PLAN["spread_b"]
     stores = "\n".join(
-        f"    store(g, slice, r + {r % 4 + (64 if sa else 4) * (r >= 4)}u, "
-        f"c + {(64 if sb else 4) * (h == 'h') + i}u, acc{r}{h}.{comp});"
+        f"    store(g, slice, r + {r % 4 + (4 * tg if sa else 4) * (r >= 4)}u, "
+        f"c + {(4 * tg if sb else 4) * (h == 'h') + i}u, acc{r}{h}.{comp});"
         for r in range(8) for h in "lh" for i, comp in enumerate("xyzw"))
     return {"STORES": stores, "ROW_STEP": 4 if sa else 8, "COL_STEP": 4 if sb else 8}
 
 
-def _stage128(bk: int, k_contiguous, vec4=(None, None)) -> dict:
-    """igemm128.wgsl's staging: BK/8 vec4s of A and of B per thread, loaded into registers
+def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16) -> dict:
+    """igemm128.wgsl's staging: 2 TG BK / TG^2 vec4s of A and of B per thread (BK/8 on
+    128-tiles, BK/4 on 64-tiles), loaded into registers
     (the next tile's while this one is multiplied, with GEMM_PLAN["prefetch"]) and stored
     into the tiles after the barrier. `vec4[i]`: operand i is read 16 bytes at a time
     through load_a4 / load_b4, along its rows or columns ("group": the 4 values a tile
     entry holds) or along K ("k": 4 entries' same component, stored one by one)."""
     index, load, store, out = [], [], [], {}
+    w, nt = 2 * tg, tg * tg  # groups of 4 in a tile row; threads
+    per = w * bk // nt  # vec4s of each operand a thread stages per K step
     for op, contiguous, mode in zip("ab", k_contiguous, vec4):
         if mode == "k":
             out[f"{op.upper()}_ORDER"] = "4 k of one row at a time"
             quads = bk // 4
-            for j in range(bk // 8):
-                e = f"(tid + {256 * j}u)"
+            for j in range(per):
+                e = f"(tid + {nt * j}u)"
                 index.append(f"    let {op}q{j} = {e} % {quads}u;\n    let {op}r{j} = {e} / {quads}u;")
                 at = (f"row0 + ar{j}, KB + aq{j} * 4u" if op == "a" else f"KB + bq{j} * 4u, col0 + br{j}")
                 load.append(f"p{op}{j} = load_{op}4(g, {at});")
-                store.append("\n".join(f"        {op}_tile[({op}q{j} * 4u + {c}u) * 32u + {op}r{j} / 4u][{op}r{j} % 4u] = "
+                store.append("\n".join(f"        {op}_tile[({op}q{j} * 4u + {c}u) * {w}u + {op}r{j} / 4u][{op}r{j} % 4u] = "
                                        f"p{op}{j}.{comp};" for c, comp in enumerate("xyzw")))
             continue
-        st = _staging(contiguous and mode is None, "e", bk, 32)
+        st = _staging(contiguous and mode is None, "e", bk, w)
         out[f"{op.upper()}_ORDER"] = st["ORDER"]
-        for j in range(bk // 8):
-            e = f"(tid + {256 * j}u)"
+        for j in range(per):
+            e = f"(tid + {nt * j}u)"
             index.append(f"    let {op}k{j} = {st['K'].replace('e', e, 1)};\n    let {op}g{j} = {st['G'].replace('e', e, 1)};")
             if mode == "group":
                 at = f"row0 + ag{j} * 4u, KB + ak{j}" if op == "a" else f"KB + bk{j}, col0 + bg{j} * 4u"
@@ -95,7 +99,7 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None)) -> dict:
             else:
                 els = ", ".join(f"load_b(g, KB + bk{j}, col0 + bg{j} * 4u + {i}u)" for i in range(4))
                 load.append(f"p{op}{j} = vec4<f32>({els});")
-            store.append(f"        {op}_tile[{op}k{j} * 32u + {op}g{j}] = p{op}{j};")
+            store.append(f"        {op}_tile[{op}k{j} * {w}u + {op}g{j}] = p{op}{j};")
     decl = "\n".join(f"    var {line.replace('KB', 'k0')}" for line in load)
     if GEMM_PLAN["prefetch"]:
         nxt = "\n".join(["        if (k0 + BK < k_end) {  // the next tile's loads run while this one is multiplied"]
@@ -107,7 +111,8 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None)) -> dict:
         store_tiles = "\n".join([f"        {line.replace('KB', 'k0')}" for line in load] + store)
         note = "each tile is loaded, then multiplied."
     return dict(INDEX="\n".join(index), LOAD_FIRST=first, LOAD_NEXT=nxt, STORE_TILES=store_tiles,
-                STAGED=32 * bk, BK=bk, INNER_LOOP=_inner128(bk), PREFETCH_NOTE=note, **out)
+                STAGED=w * bk, BK=bk, INNER_LOOP=_inner128(bk, tg), PREFETCH_NOTE=note, TG=tg, TILE=8 * tg,
+                GROUPS=w, **out)
 
 
 ACC128 = "\n".join(f"    var acc{r}{h} = vec4<f32>(0.0);" for r in range(8) for h in "lh")
@@ -125,7 +130,11 @@ GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 12
              "spread_a": False, "spread_b": True, "big_min_side": 128,
              # convolutions on 128-tiles with split-K where M and N fill them but too few tiles fill the
              # GPU, up to this many slices (0: 64-tiles then); off: see bench/REJECTED.md
-             "big_split": 0}
+             "big_split": 0,
+             # 64-tiles with 8x8 outputs per thread on 8 x 8 threads (igemm128.wgsl), not 4x4 on
+             # 16 x 16 (igemm.wgsl): twice the multiply-adds per workgroup-memory load; off until
+             # measured on the GPU (bench/gemm_policy.py's "64-tiles 8x8 per thread" plan)
+             "regs64": False}
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
@@ -219,7 +228,9 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     reading a binding declared array<vec4<f32>>), used by every tile size (see _stage128, _stage_small).
     `conv`: the loads compute im2col windows (the plan steps K differently)."""
     tile, bk, split = gemm_plan(m, n, k, groups, conv)
-    big = tile == 128
+    # 8x8 outputs per thread: 128-tiles, and 64-tiles too with GEMM_PLAN["regs64"]
+    big = tile == 128 or (tile == 64 and GEMM_PLAN["regs64"])
+    tg = tile // 8 if big else tile // 4
     ks = -(-(-(-k // split)) // bk) * bk  # slice length, a multiple of the K step
     split = -(-k // ks)
     contract = dict(M=m, N=n, K=k, SPLIT=split, KS=ks, LOAD_A=load_a, LOAD_B=load_b)
@@ -237,12 +248,12 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     if big:
         modes = [v[0] if v and GEMM_PLAN["vec4_loads"] else None for v in vec4]
         wgsl = render("igemm128", COMMON=_vec4_common(common, decls, st, contract, modes, vec4), ACC_DECL=ACC128,
-                      **_stores128(), **_stage128(bk, k_contiguous, modes))
+                      **_stores128(tg), **_stage128(bk, k_contiguous, modes, tg))
     else:
         modes = [v[0] if v and GEMM_PLAN["vec4_loads"] and GEMM_PLAN["vec4_small_tiles"] else None for v in vec4]
         wgsl = render("igemm", COMMON=_vec4_common(common, decls, st, contract, modes, vec4),
                       INNER_LOOP=INNER[tile // 4], TG=tile // 4, STAGED=4 * tile, **_stage_small(tile // 4, k_contiguous, modes))
-    threads = (8, 8, 1) if tile == 32 else (16, 16, 1)
+    threads = (tg, tg, 1)
     code = KernelCode(wgsl, threads, slots, (-(-n // tile), -(-m // tile), groups * split), label)
     code.gemm_decls, code.gemm_store = decls, st  # for variants with other main loops
     # CPU rasterisers: same bindings and split, a barrier-free kernel with its own grid

@@ -1,6 +1,7 @@
-// Implicit GEMM, large-tile variant: a 128x128 output tile per workgroup of 256 threads,
-// 8x8 outputs per thread in sixteen vec4 accumulators (see igemm.wgsl for the contract).
-// Chosen for large M and N, where the wider tile halves the loads per multiply-add.
+// Implicit GEMM, register-blocked variant: a TILE x TILE output tile (128, or 64) per
+// workgroup of TG x TG threads (16 x 16, or 8 x 8), 8x8 outputs per thread in sixteen vec4
+// accumulators (see igemm.wgsl for the contract): twice the multiply-adds per workgroup-memory
+// load of igemm.wgsl's 4x4. Chosen for large M and N.
 // Accumulators (private arrays indexed in loops are a 60x trap on
 // NVIDIA). The operands are never materialised: load_a / load_b compute where each
 // element lives (a strided matrix for matmul; an im2col window for convolutions), and
@@ -8,17 +9,17 @@
 // K advances BK at a time; {{PREFETCH_NOTE}}
 {{COMMON}}
 const BK: u32 = {{BK}}u;
-var<workgroup> a_tile: array<vec4<f32>, {{STAGED}}>;  // [BK k][32 row groups of 4]
-var<workgroup> b_tile: array<vec4<f32>, {{STAGED}}>;  // [BK k][32 col groups of 4]
+var<workgroup> a_tile: array<vec4<f32>, {{STAGED}}>;  // [BK k][{{GROUPS}} row groups of 4]
+var<workgroup> b_tile: array<vec4<f32>, {{STAGED}}>;  // [BK k][{{GROUPS}} col groups of 4]
 
-@compute @workgroup_size(16, 16)
+@compute @workgroup_size({{TG}}, {{TG}})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let g = wg.z / SPLIT;
     let slice = wg.z % SPLIT;
     let k_end = min(K, (slice + 1u) * KS);
-    let row0 = wg.y * 128u;
-    let col0 = wg.x * 128u;
-    let tid = lid.y * 16u + lid.x;
+    let row0 = wg.y * {{TILE}}u;
+    let col0 = wg.x * {{TILE}}u;
+    let tid = lid.y * {{TG}}u + lid.x;
     // the tile entries (k, group of 4) this thread stages: {{A_ORDER}} for A, {{B_ORDER}} for B,
     // so that a warp's loads walk the operand's contiguous dimension
 {{INDEX}}

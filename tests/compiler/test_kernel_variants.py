@@ -76,6 +76,46 @@ def test_conv_gradients_on_both_variants(device_class, device):
         assert np.abs(got[k] - ref).max() / np.abs(ref).max() < 1e-4, k
 
 
+@pytest.mark.parametrize("case", ["whole", "split_k", "transposed_vec4", "conv_grads"])
+def test_64_tiles_with_8x8_outputs_per_thread(case, device, monkeypatch):
+    """GEMM_PLAN["regs64"]: 64-tiles on igemm128.wgsl's 8x8-per-thread kernel (8 x 8 threads),
+    matmuls (plain, split-K, transposed with 16-byte loads) and a convolution with both
+    gradients, against numpy / torch (the GPU kernels, run here on the CPU rasteriser)."""
+    import torch
+
+    from meganeura.compiler import codegen_gemm
+
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "regs64", True)
+    rng = np.random.default_rng(5)
+    b = Builder()
+    if case == "conv_grads":
+        x, w = b.input("x", (2, 16, 10, 10)), b.input("w", (70, 16, 3, 3))
+        y = b.conv2d(x, w, stride=(1, 1), padding=(1, 1, 1, 1))
+        ct = b.input("ct", y.shape)
+        g = gradients(b.e, b.sum(y * ct).id, [x.id, w.id])
+        b.output("y", y)
+        b.g.outputs.update(gx=g[x.id], gw=g[w.id])
+        vals = {"x": rng.standard_normal((2, 16, 10, 10)), "w": rng.standard_normal((70, 16, 3, 3)) * 0.2,
+                "ct": rng.standard_normal(y.shape)}
+        tx, tw = torch.tensor(vals["x"], requires_grad=True), torch.tensor(vals["w"], requires_grad=True)
+        ty = torch.nn.functional.conv2d(tx, tw, padding=1)
+        (ty * torch.tensor(vals["ct"])).sum().backward()
+        refs = {"y": ty.detach().numpy(), "gx": tx.grad.numpy(), "gw": tw.grad.numpy()}
+    else:
+        sa, sb, ta = {"whole": ((1040, 40), (40, 1040), False), "split_k": ((100, 700), (700, 90), False),
+                      "transposed_vec4": ((700, 100), (700, 92), True)}[case]
+        a_in, b_in = b.input("a", sa), b.input("b", sb)
+        b.output("c", b.matmul(a_in, b_in, trans_a=ta))
+        vals = {"a": rng.standard_normal(sa), "b": rng.standard_normal(sb)}
+        refs = {"c": (vals["a"].T if ta else vals["a"]) @ vals["b"]}
+    pkg = Package.from_bytes(compile_model(b.build()))
+    regs = [k for k in pkg.manifest["kernels"] if "register-blocked" in k["wgsl"] and "@workgroup_size(8, 8)" in k["wgsl"]]
+    assert regs, [k["label"] for k in pkg.manifest["kernels"]]
+    got = Session(device, pkg, device_class="gpu").run("infer", vals)
+    for k, ref in refs.items():
+        assert np.abs(got[k] - ref).max() / np.abs(ref).max() < 1e-4, k
+
+
 @pytest.mark.parametrize("device_class", ["cpu", "gpu"])
 def test_conv_on_split_128_tiles(device_class, device, monkeypatch):
     """GEMM_PLAN["big_split"]: a convolution whose M and N fill 128-tiles but whose tiles are too
