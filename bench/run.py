@@ -39,6 +39,39 @@ TARGETS = "train median <= 1.2x, none > 2x; inference median <= 1.0x; memory <= 
 
 SESSION_OPTIONS = {}  # Session keyword arguments from the command line
 
+# compiler settings the command line can change for an A/B run: flag -> (module of
+# meganeura.compiler, setting (a name, or (dict name, key)), the value a switch sets (None: the
+# flag takes a number), what it does)
+EXPERIMENTS = {
+    "--pointwise-conv-as-conv": ("prepare", "POINTWISE_CONV_AS_MATMUL", False,
+                                 "1x1 convolutions on the convolution kernels, not as matmuls"),
+    "--no-sink-chains": ("schedule", "SINK_CHAINS", False, "recomputed chains run where autodiff put them"),
+    "--no-arenas": ("arenas", "ARENAS", False, "each parameter, its gradient and its optimizer state in "
+                    "buffers of their own; one update kernel per parameter"),
+    "--columns-split-from": ("reductions", "COLUMNS_SPLIT_FROM", None,
+                             "column reductions over fewer rows run unsplit"),
+    "--regs64": ("codegen_gemm", ("GEMM_PLAN", "regs64"), True, "64-tiles with 8x8 outputs per thread"),
+    "--big-split": ("codegen_gemm", ("GEMM_PLAN", "big_split"), None,
+                    "convolutions too few for 128-tiles split K over up to this many slices on them (0: 64-tiles)"),
+    "--attention-fill": ("codegen_attention", ("ATTENTION_BWD_PLAN", "fill"), None,
+                         "workgroups the fused attention backward aims for by cutting its loops (0: whole loops)"),
+}
+
+
+def _apply_experiments(args) -> dict:
+    """Set what the command line asks of EXPERIMENTS; returns every one's value as compiled."""
+    import importlib
+
+    settings = {}
+    for flag, (module, setting, value, _) in EXPERIMENTS.items():
+        mod = importlib.import_module(f"meganeura.compiler.{module}")
+        holder, key = (getattr(mod, setting[0]), setting[1]) if isinstance(setting, tuple) else (vars(mod), setting)
+        given = getattr(args, flag[2:].replace("-", "_"))
+        if given is not None and given is not False:
+            holder[key] = value if value is not None else given
+        settings[f"{module}.{'.'.join(setting) if isinstance(setting, tuple) else setting}"] = holder[key]
+    return settings
+
 
 def rel(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -152,57 +185,17 @@ def main(argv=None):
     ap.add_argument("--gemm-prologues", action="store_true",
                     help="compile with schedule.GEMM_PROLOGUES on (convolutions and matmuls compute the "
                          "elementwise chain in front of them in their loads)")
-    ap.add_argument("--pointwise-conv-as-conv", action="store_true",
-                    help="experiment: 1x1 convolutions on the convolution kernels, not as matmuls "
-                         "(prepare.POINTWISE_CONV_AS_MATMUL off)")
-    ap.add_argument("--no-sink-chains", action="store_true",
-                    help="experiment: schedule.SINK_CHAINS off (recomputed chains run where autodiff put them)")
-    ap.add_argument("--no-arenas", action="store_true",
-                    help="experiment: arenas.ARENAS off (each parameter, its gradient and its optimizer state in "
-                         "buffers of their own; one update kernel per parameter)")
-    ap.add_argument("--columns-split-from", type=int, default=None,
-                    help="experiment: reductions.COLUMNS_SPLIT_FROM (column reductions over fewer rows run unsplit)")
-    ap.add_argument("--regs64", action="store_true",
-                    help="experiment: codegen_gemm.GEMM_PLAN['regs64'] (64-tiles with 8x8 outputs per thread)")
-    ap.add_argument("--big-split", type=int, default=None,
-                    help="experiment: codegen_gemm.GEMM_PLAN['big_split'] (convolutions too few for 128-tiles "
-                         "split K over up to this many slices on them; 0: 64-tiles)")
+    for flag, (_, _, value, what) in EXPERIMENTS.items():
+        if value is None:
+            ap.add_argument(flag, type=int, default=None, help=f"experiment: {what}")
+        else:
+            ap.add_argument(flag, action="store_true", help=f"experiment: {what}")
     ap.add_argument("--no-shader-checks", action="store_true",
                     help="Session(shader_checks=False): kernels without the WGSL compiler's index clamps and "
                          "loop bounds (for packages one compiled oneself)")
-    ap.add_argument("--attention-fill", type=int, default=None,
-                    help="experiment: codegen_attention.ATTENTION_BWD_PLAN['fill'] (workgroups the fused attention "
-                         "backward aims for by cutting its loops; 0: whole loops)")
     args = ap.parse_args(argv)
     SESSION_OPTIONS["shader_checks"] = not args.no_shader_checks
-    if args.columns_split_from is not None:
-        from meganeura.compiler import reductions
-
-        reductions.COLUMNS_SPLIT_FROM = args.columns_split_from
-    if args.regs64:
-        from meganeura.compiler import codegen_gemm
-
-        codegen_gemm.GEMM_PLAN["regs64"] = True
-    if args.big_split is not None:
-        from meganeura.compiler import codegen_gemm
-
-        codegen_gemm.GEMM_PLAN["big_split"] = args.big_split
-    if args.attention_fill is not None:
-        from meganeura.compiler import codegen_attention
-
-        codegen_attention.ATTENTION_BWD_PLAN["fill"] = args.attention_fill
-    if args.no_sink_chains:
-        from meganeura.compiler import schedule
-
-        schedule.SINK_CHAINS = False
-    if args.no_arenas:
-        from meganeura.compiler import arenas
-
-        arenas.ARENAS = False
-    if args.pointwise_conv_as_conv:
-        from meganeura.compiler import prepare
-
-        prepare.POINTWISE_CONV_AS_MATMUL = False
+    settings = _apply_experiments(args)
     if args.gemm_prologues:
         from meganeura.compiler import schedule
 
@@ -228,11 +221,7 @@ def main(argv=None):
             "torch_device": torch.cuda.get_device_name(0) if tdev == "cuda" else "cpu",
             "python": platform.python_version(), "features": sorted(device.features), "smoke": args.smoke,
             "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch,
-            "gemm_prologues": args.gemm_prologues, "pointwise_conv_as_matmul": not args.pointwise_conv_as_conv,
-            "sink_chains": not args.no_sink_chains, "arenas": not args.no_arenas,
-            "attention_fill": args.attention_fill,
-            "shader_checks": not args.no_shader_checks, "big_split": args.big_split, "regs64": args.regs64,
-            "columns_split_from": args.columns_split_from}
+            "gemm_prologues": args.gemm_prologues, "shader_checks": not args.no_shader_checks, **settings}
     rows = []
     out = Path(args.out)
     for name, spec in WORKLOADS.items():

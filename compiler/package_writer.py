@@ -153,9 +153,9 @@ class PackageBuilder:
                 last[s] = k
         end = len(codes)
         outs = {o: sched.storage.get(base_of(g, i), base_of(g, i)) for o, i in g.outputs.items()}
-        for s in outs.values():
-            if pooled(s) is not None and pooled(s) not in buffer_of:
-                last[pooled(s)] = end
+        for s in map(pooled, outs.values()):
+            if s is not None and s not in buffer_of:
+                last[s] = end
         placed = _pack_by_lifetime(first, last, size_of, self._buffer, self.buffers,
                                    self.scratch if self.share_scratch else [])
         self.scratch = sorted(set(self.scratch) | set(placed.values()))
@@ -166,7 +166,7 @@ class PackageBuilder:
         def where(s):  # binding key -> (buffer, [byte offset, bytes] or None for all of it)
             if isinstance(s, tuple) and s[0] == "view":
                 _, arena, lo, count = s
-                return arena_buffer[arena], [lo * 4, -(-count * 4 // ALIGN) * ALIGN]
+                return arena_buffer[arena], [lo * 4, bytes_of(count)]
             if isinstance(s, tuple) and s[0] != "temp":
                 return arena_buffer[s], None
             if s in placement:

@@ -54,26 +54,36 @@ def test_matmul_variants(name, device_class, device):
     assert any(("(cpu)" in lab) == (device_class == "cpu") for lab in labels if lab.startswith("matmul"))
 
 
-@pytest.mark.parametrize("device_class", ["cpu", "gpu"])
-def test_conv_gradients_on_both_variants(device_class, device):
+def _conv_with_gradients(xs, ws, stride, seed, w_scale=1.0):
+    """A padded 3x3 convolution with the gradients of sum(y * ct) w.r.t. x and w: the model,
+    its inputs, and torch's answers."""
     import torch
 
-    rng = np.random.default_rng(2)
+    rng = np.random.default_rng(seed)
     b = Builder()
-    x, w = b.input("x", (2, 3, 30, 30)), b.input("w", (8, 3, 3, 3))
-    y = b.conv2d(x, w, stride=(2, 2), padding=(1, 1, 1, 1))
+    x, w = b.input("x", xs), b.input("w", ws)
+    y = b.conv2d(x, w, stride=(stride, stride), padding=(1, 1, 1, 1))
     ct = b.input("ct", y.shape)
     g = gradients(b.e, b.sum(y * ct).id, [x.id, w.id])
     b.output("y", y)
     b.g.outputs.update(gx=g[x.id], gw=g[w.id])
-    X, W, CT = rng.standard_normal((2, 3, 30, 30)), rng.standard_normal((8, 3, 3, 3)), rng.standard_normal(y.shape)
-    got = Session(device, Package.from_bytes(compile_model(b.build())), device_class=device_class).run(
-        "infer", {"x": X, "w": W, "ct": CT})
-    tx, tw = torch.tensor(X, requires_grad=True), torch.tensor(W, requires_grad=True)
-    ty = torch.nn.functional.conv2d(tx, tw, stride=2, padding=1)
-    (ty * torch.tensor(CT)).sum().backward()
-    for k, ref in (("y", ty.detach().numpy()), ("gx", tx.grad.numpy()), ("gw", tw.grad.numpy())):
-        assert np.abs(got[k] - ref).max() / np.abs(ref).max() < 1e-4, k
+    vals = {"x": rng.standard_normal(xs), "w": rng.standard_normal(ws) * w_scale, "ct": rng.standard_normal(y.shape)}
+    tx, tw = torch.tensor(vals["x"], requires_grad=True), torch.tensor(vals["w"], requires_grad=True)
+    ty = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=1)
+    (ty * torch.tensor(vals["ct"])).sum().backward()
+    return b.build(), vals, {"y": ty.detach().numpy(), "gx": tx.grad.numpy(), "gw": tw.grad.numpy()}
+
+
+def _assert_close(got, refs, tol=1e-4):
+    for k, ref in refs.items():
+        assert np.abs(got[k] - ref).max() / np.abs(ref).max() < tol, k
+
+
+@pytest.mark.parametrize("device_class", ["cpu", "gpu"])
+def test_conv_gradients_on_both_variants(device_class, device):
+    model, vals, refs = _conv_with_gradients((2, 3, 30, 30), (8, 3, 3, 3), 2, seed=2)
+    _assert_close(Session(device, Package.from_bytes(compile_model(model)), device_class=device_class).run(
+        "infer", vals), refs)
 
 
 @pytest.mark.parametrize("case", ["whole", "split_k", "transposed_vec4", "conv_grads"])
@@ -81,69 +91,40 @@ def test_64_tiles_with_8x8_outputs_per_thread(case, device, monkeypatch):
     """GEMM_PLAN["regs64"]: 64-tiles on igemm128.wgsl's 8x8-per-thread kernel (8 x 8 threads),
     matmuls (plain, split-K, transposed with 16-byte loads) and a convolution with both
     gradients, against numpy / torch (the GPU kernels, run here on the CPU rasteriser)."""
-    import torch
-
     from meganeura.compiler import codegen_gemm
 
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "regs64", True)
-    rng = np.random.default_rng(5)
-    b = Builder()
     if case == "conv_grads":
-        x, w = b.input("x", (2, 16, 10, 10)), b.input("w", (70, 16, 3, 3))
-        y = b.conv2d(x, w, stride=(1, 1), padding=(1, 1, 1, 1))
-        ct = b.input("ct", y.shape)
-        g = gradients(b.e, b.sum(y * ct).id, [x.id, w.id])
-        b.output("y", y)
-        b.g.outputs.update(gx=g[x.id], gw=g[w.id])
-        vals = {"x": rng.standard_normal((2, 16, 10, 10)), "w": rng.standard_normal((70, 16, 3, 3)) * 0.2,
-                "ct": rng.standard_normal(y.shape)}
-        tx, tw = torch.tensor(vals["x"], requires_grad=True), torch.tensor(vals["w"], requires_grad=True)
-        ty = torch.nn.functional.conv2d(tx, tw, padding=1)
-        (ty * torch.tensor(vals["ct"])).sum().backward()
-        refs = {"y": ty.detach().numpy(), "gx": tx.grad.numpy(), "gw": tw.grad.numpy()}
+        model, vals, refs = _conv_with_gradients((2, 16, 10, 10), (70, 16, 3, 3), 1, seed=5, w_scale=0.2)
     else:
+        rng = np.random.default_rng(5)
+        b = Builder()
         sa, sb, ta = {"whole": ((1040, 40), (40, 1040), False), "split_k": ((100, 700), (700, 90), False),
                       "transposed_vec4": ((700, 100), (700, 92), True)}[case]
         a_in, b_in = b.input("a", sa), b.input("b", sb)
         b.output("c", b.matmul(a_in, b_in, trans_a=ta))
         vals = {"a": rng.standard_normal(sa), "b": rng.standard_normal(sb)}
         refs = {"c": (vals["a"].T if ta else vals["a"]) @ vals["b"]}
-    pkg = Package.from_bytes(compile_model(b.build()))
+        model = b.build()
+    pkg = Package.from_bytes(compile_model(model))
     regs = [k for k in pkg.manifest["kernels"] if "register-blocked" in k["wgsl"] and "@workgroup_size(8, 8)" in k["wgsl"]]
     assert regs, [k["label"] for k in pkg.manifest["kernels"]]
-    got = Session(device, pkg, device_class="gpu").run("infer", vals)
-    for k, ref in refs.items():
-        assert np.abs(got[k] - ref).max() / np.abs(ref).max() < 1e-4, k
+    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
 @pytest.mark.parametrize("device_class", ["cpu", "gpu"])
 def test_conv_on_split_128_tiles(device_class, device, monkeypatch):
     """GEMM_PLAN["big_split"]: a convolution whose M and N fill 128-tiles but whose tiles are too
     few runs on them with split-K (partials, then a sum), forward and both gradients."""
-    import torch
-
     from meganeura.compiler import codegen_gemm
 
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "big_split", 8)
     assert codegen_gemm.gemm_plan(130, 288, 1152, 1, conv=True)[::2] == (128, 4)
-    rng = np.random.default_rng(4)
-    b = Builder()
-    x, w = b.input("x", (2, 128, 12, 12)), b.input("w", (130, 128, 3, 3))
-    y = b.conv2d(x, w, padding=(1, 1, 1, 1))
-    ct = b.input("ct", y.shape)
-    g = gradients(b.e, b.sum(y * ct).id, [x.id, w.id])
-    b.output("y", y)
-    b.g.outputs.update(gx=g[x.id], gw=g[w.id])
-    X, W, CT = rng.standard_normal((2, 128, 12, 12)), rng.standard_normal((130, 128, 3, 3)) * 0.1, rng.standard_normal(y.shape)
-    pkg = Package.from_bytes(compile_model(b.build()))
+    model, vals, refs = _conv_with_gradients((2, 128, 12, 12), (130, 128, 3, 3), 1, seed=4, w_scale=0.1)
+    pkg = Package.from_bytes(compile_model(model))
     labels = [k["label"] for k in pkg.manifest["kernels"]]
     assert any("/splitk-sum" in lab for lab in labels), labels
-    got = Session(device, pkg, device_class=device_class).run("infer", {"x": X, "w": W, "ct": CT})
-    tx, tw = torch.tensor(X, requires_grad=True), torch.tensor(W, requires_grad=True)
-    ty = torch.nn.functional.conv2d(tx, tw, padding=1)
-    (ty * torch.tensor(CT)).sum().backward()
-    for k, ref in (("y", ty.detach().numpy()), ("gx", tx.grad.numpy()), ("gw", tw.grad.numpy())):
-        assert np.abs(got[k] - ref).max() / np.abs(ref).max() < 1e-4, k
+    _assert_close(Session(device, pkg, device_class=device_class).run("infer", vals), refs)
 
 
 @pytest.mark.parametrize("k", [48, 3000, 45])  # plain, split-K (sum kernel runs the epilogue), odd K

@@ -107,20 +107,26 @@ def test_nan_inputs_are_refused_by_name(device):
     assert session.skipped_steps == 0
 
 
+def _sqrt_terms(n, bad):
+    """y = sum_i sum(sqrt(w_i) * x): parameter `bad`'s gradient is infinite (sqrt' at 0)."""
+    b = Builder()
+    x = b.input("x", (2, 3))
+    out = None
+    for i in range(n):
+        w = b.param(f"w{i}", np.array([[1.0, 2.0, 0.0 if i == bad else 3.0]]))
+        term = b.sum(b.sqrt(w) * x, axes=(1,), keepdims=True)
+        out = term if out is None else out + term
+    b.output("y", b.reshape(out, (2, 1)))
+    return b
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 @pytest.mark.parametrize("bad", [0, 1, 2])
 def test_one_bad_gradient_among_merged_checks_is_caught(device, bad, optimizer):
     """The loss and the gradients are checked by one kernel (count_nonfinite over all four; the
     gradients are ranges of one arena, apart by its padding): an infinite gradient in any one
     of them rejects the step. The three parameters' updates are one kernel."""
-    b = Builder()
-    x = b.input("x", (2, 3))
-    out = None
-    for i in range(3):
-        w = b.param(f"w{i}", np.array([[1.0, 2.0, 0.0 if i == bad else 3.0]]))
-        term = b.sum(b.sqrt(w) * x, axes=(1,), keepdims=True)
-        out = term if out is None else out + term
-    b.output("y", b.reshape(out, (2, 1)))
+    b = _sqrt_terms(3, bad)
     pkg = Package.from_bytes(compile_model(b.build(), TrainConfig(loss="mse", optimizer=optimizer)))
     labels = [pkg.manifest["kernels"][d["kernel"]]["label"] for d in pkg.programs["train_step"]["dispatches"]]
     assert labels.count("count_nonfinite x4") == 1, labels  # the checks share a kernel
@@ -139,14 +145,7 @@ def test_a_bad_gradient_in_any_counting_pass_is_caught(device, bad):
     """Twelve gradients with padding between them in their arena: thirteen ranges (with the
     loss) take two counting passes and a sum; a bad gradient in either pass rejects the step,
     and with none the step goes through though the arena's padding holds NaN."""
-    b = Builder()
-    x = b.input("x", (2, 3))
-    out = None
-    for i in range(12):
-        w = b.param(f"w{i}", np.array([[1.0, 2.0, 0.0 if i == bad else 3.0]]))
-        term = b.sum(b.sqrt(w) * x, axes=(1,), keepdims=True)
-        out = term if out is None else out + term
-    b.output("y", b.reshape(out, (2, 1)))
+    b = _sqrt_terms(12, bad)
     pkg = Package.from_bytes(compile_model(b.build(), TrainConfig(loss="mse")))
     labels = [pkg.manifest["kernels"][d["kernel"]]["label"] for d in pkg.programs["train_step"]["dispatches"]]
     assert "count_nonfinite/sum" in labels, labels
