@@ -99,7 +99,9 @@ def run_one(name, spec, args, device, tdev):
     t = time.perf_counter()
     # the bench runs its programs one after the other, as a training loop does: their scratch
     # can be one pool (a frame scheduler interleaving them needs --private-scratch)
-    data = compile_model(case.model, case.train, share_scratch=not args.private_scratch)
+    half = args.weights == "f16"  # inference only: the bench's training steps train every weight (kept f32)
+    data = compile_model(case.model, None if half else case.train, share_scratch=not args.private_scratch,
+                         weights=args.weights)
     row["compile_s"] = time.perf_counter() - t
     case.model = None  # the builder's copy of the weights
     row["package_mb"] = len(data) / 2**20
@@ -111,6 +113,7 @@ def run_one(name, spec, args, device, tdev):
         package = Package.load(path)
         row["package_read_s"] = time.perf_counter() - t
     row["gpu_bytes"] = int(package.manifest["memory"]["buffer_bytes"])
+    row["f16_weights"] = sum(t["dtype"] == "f16" for t in package.manifest["tensors"])
     t = time.perf_counter()
     Session(device, package, **SESSION_OPTIONS).close()  # its buffers go before the next one's are made
     row["load_s"] = time.perf_counter() - t  # cold: the driver compiles every pipeline
@@ -131,7 +134,13 @@ def run_one(name, spec, args, device, tdev):
         row["infer_rel_err"] = rel(ours_out.reshape(theirs_out.shape) if ours_out.size == theirs_out.size
                                    else ours_out, theirs_out)
         row["out_scale"] = float(np.abs(theirs_out).max())
-        del ours_out, theirs_out
+        del ours_out
+        if half and cuda:  # PyTorch's f16 path beside ours: autocast (f16 tensor-core matmuls)
+            def infer_fp16():
+                with torch.autocast("cuda", dtype=torch.float16):
+                    return tfwd()
+            row["torch_fp16_rel_err"] = rel(_numpy(infer_fp16()), theirs_out)
+        del theirs_out
         has_train = "train_step" in session.programs and ttrain is not None
         if has_train:
             ours_loss = float(np.asarray(session.run("train_step", case.inputs)["loss"]).reshape(-1)[0])
@@ -148,6 +157,10 @@ def run_one(name, spec, args, device, tdev):
             row[prog] = {"meganeura": ours, "torch": theirs,
                          "gpu_ratio": ours["gpu_ms"] / theirs["gpu_ms"] if ours["gpu_ms"] else None,
                          "wall_ratio": ours["wall_ms"] / theirs["wall_ms"]}
+        if half and cuda:
+            row["infer"]["torch_fp16_autocast"] = time_torch(infer_fp16, device=tdev, **kw)
+            row["infer"]["gpu_ratio_vs_fp16_autocast"] = (row["infer"]["meganeura"]["gpu_ms"]
+                                                          / row["infer"]["torch_fp16_autocast"]["gpu_ms"])
         if cuda and case.torch_variants is not None:  # e.g. DINOv2: CUDA graph, torch.compile
             try:
                 for vname, (fn, made_s) in case.torch_variants(tdev).items():
@@ -190,6 +203,9 @@ def main(argv=None):
             ap.add_argument(flag, type=int, default=None, help=f"experiment: {what}")
         else:
             ap.add_argument(flag, action="store_true", help=f"experiment: {what}")
+    ap.add_argument("--weights", choices=("f32", "f16"), default="f32",
+                    help="f16: inference-only packages with weights stored in half precision (compile_model's "
+                         "weights='f16'); PyTorch's autocast f16 inference timed beside them")
     ap.add_argument("--no-shader-checks", action="store_true",
                     help="Session(shader_checks=False): kernels without the WGSL compiler's index clamps and "
                          "loop bounds (for packages one compiled oneself)")
@@ -221,7 +237,8 @@ def main(argv=None):
             "torch_device": torch.cuda.get_device_name(0) if tdev == "cuda" else "cpu",
             "python": platform.python_version(), "features": sorted(device.features), "smoke": args.smoke,
             "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch,
-            "gemm_prologues": args.gemm_prologues, "shader_checks": not args.no_shader_checks, **settings}
+            "gemm_prologues": args.gemm_prologues, "shader_checks": not args.no_shader_checks,
+            "weights": args.weights, **settings}
     rows = []
     out = Path(args.out)
     for name, spec in WORKLOADS.items():
@@ -255,7 +272,8 @@ def _f(x, fmt=".3f"):
 def _line(r):
     if "error" in r:
         return f"{r['workload']}: ERROR {r['error']}"
-    parts = [r["workload"], f"compile {r['compile_s']:.2f}s read {r['package_read_s']:.2f}s "
+    parts = [r["workload"], f"package {r['package_mb']:.1f} MB ({r['f16_weights']} f16 weights), "
+             f"compile {r['compile_s']:.2f}s read {r['package_read_s']:.2f}s "
              f"load {r['load_s']:.2f}s (warm {r['load_warm_s']:.2f}s)",
              f"infer rel err {r['infer_rel_err']:.1e}" + (" MISMATCH" if r["infer_rel_err"] > MATCH_TOL else "")]
     if "loss" in r:
@@ -267,6 +285,9 @@ def _line(r):
             parts.append(f"{p}: gpu {_f(m['gpu_ms'])} vs {t['gpu_ms']:.3f} ms (x{_f(r[p]['gpu_ratio'], '.2f')}), "
                          f"wall {m['wall_ms']:.3f} vs {t['wall_ms']:.3f} ms ({m['dispatches']} dispatches, "
                          f"{m['iters']}/{t['iters']} iters)")
+    if "torch_fp16_autocast" in r.get("infer", {}):
+        parts.append(f"torch fp16 autocast {r['infer']['torch_fp16_autocast']['gpu_ms']:.3f} ms "
+                     f"(x{r['infer']['gpu_ratio_vs_fp16_autocast']:.2f}; its rel err {r['torch_fp16_rel_err']:.1e})")
     mem = f"memory {r['gpu_bytes'] / 2**20:.1f} MiB"
     if r.get("torch_peak_bytes") is not None:
         mem += f" vs torch peak {r['torch_peak_bytes'] / 2**20:.1f} MiB"

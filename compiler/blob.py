@@ -87,7 +87,7 @@ class Blob:
         for name in sorted(tensors):
             arr = tensors[name]
             assert arr.flags.c_contiguous, name
-            dt = {np.dtype(np.float32): "F32", np.dtype(np.int32): "I32"}[arr.dtype]
+            dt = {np.dtype(np.float32): "F32", np.dtype(np.int32): "I32", np.dtype(np.float16): "F16"}[arr.dtype]
             header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
             offset += arr.nbytes
             self.arrays.append((name, arr))

@@ -1,7 +1,7 @@
 """The `meganeura` command: compile models into packages, and describe packages.
 
     meganeura compile MODEL.onnx -o OUT.mnpk [--train --loss cross_entropy|mse
-        --optimizer sgd|adamw --lr LR [--freeze GLOB]...] [--batch N]
+        --optimizer sgd|adamw --lr LR [--freeze GLOB]...] [--batch N] [--weights f16]
     meganeura info OUT.mnpk
 """
 from __future__ import annotations
@@ -53,7 +53,8 @@ def cmd_compile(args) -> int:
     try:
         step("import ONNX")
         model = load_onnx(src, batch_size=args.batch)
-        data = compile_model(model, train, source={"kind": "onnx", "file": src.name}, progress=step)
+        data = compile_model(model, train, source={"kind": "onnx", "file": src.name}, progress=step,
+                             weights=args.weights)
     except (ValueError, NotImplementedError, KeyError) as exc:
         close()
         print(f"meganeura: cannot compile {src.name}: {exc}", file=sys.stderr)
@@ -99,6 +100,9 @@ def main(argv=None) -> int:
                    help="parameters whose names match GLOB get no gradient (repeatable)")
     c.add_argument("--batch", type=int, default=None,
                    help="batch size when the model's batch dimension is dynamic (default 64)")
+    c.add_argument("--weights", choices=("f32", "f16"), default="f32",
+                   help="f16: store the weights that only matmuls and convolutions read, and training does "
+                        "not update, in half precision (half their bytes; the arithmetic stays f32)")
     c.add_argument("-q", "--quiet", action="store_true")
     c.set_defaults(fn=cmd_compile)
     i = sub.add_parser("info", help="describe a package")

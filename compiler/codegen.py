@@ -45,7 +45,7 @@ def _strides(shape):
 
 
 def _wtype(dtype):
-    return "i32" if dtype == "i32" else "f32"
+    return {"i32": "i32", "f16": "u32"}.get(dtype, "f32")  # f16: two to a u32 (half.wgsl)
 
 
 class _Bindings:
@@ -84,13 +84,29 @@ class _Bindings:
             self.slots[found[0]][1] = "read_write"
         return f"t{found[0]}"
 
-    def decls(self, names=None) -> str:
+    def decls(self, names=None, loaders=True) -> str:
+        """The bindings' declarations, one line each, then (`loaders`) each f16 binding's
+        loader name_at (half.wgsl)."""
         lines = []
         for b, (s, access) in enumerate(self.slots):
             name = names[b] if names else f"t{b}"
             ty = _wtype(self.g.nodes[s].dtype) if isinstance(s, int) else self.key_types.get(s, "f32")
             lines.append(f"@group(0) @binding({b}) var<storage, {access}> {name}: array<{ty}>;")
-        return "\n".join(lines)
+        return "\n".join(lines) + (self.loaders(names, range(len(self.slots))) if loaders else "")
+
+    def loaders(self, names, slots) -> str:
+        """half.wgsl's loader for each f16 binding among `slots`."""
+        return "".join(render("half", NAME=names[b] if names else f"t{b}") for b in slots
+                       if isinstance(self.slots[b][0], int) and self.g.nodes[self.slots[b][0]].dtype == "f16")
+
+    def element(self, i, name: str, at: str) -> str:
+        """WGSL reading node `i`'s element `at` from its binding `name` as f32."""
+        if self.g.nodes[self.st(i)].dtype == "f16":
+            return f"{name}_at({at})"
+        return f"{name}[{at}]"
+
+    def half(self, i) -> bool:
+        return self.g.nodes[self.st(i)].dtype == "f16"
 
     def list(self):
         return [tuple(slot) for slot in self.slots]
@@ -98,12 +114,17 @@ class _Bindings:
 
 def as_vec4(decls: str, names) -> str:
     """`decls` with the read-only f32 bindings `names` retyped array<vec4<f32>> (read 16 bytes
-    at a time); one not declared so is a compiler bug, not a kernel that silently loads wrong."""
+    at a time), f16 ones array<vec2<u32>> read through name_at4 (half4.wgsl); one declared
+    otherwise is a compiler bug, not a kernel that silently loads wrong."""
     for name in names:
-        old = f"var<storage, read> {name}: array<f32>;"
-        if old not in decls:
-            raise RuntimeError(f"no read-only f32 binding {name!r} to read 16 bytes at a time")
-        decls = decls.replace(old, f"var<storage, read> {name}: array<vec4<f32>>;")
+        old, half = f"var<storage, read> {name}: array<f32>;", f"var<storage, read> {name}: array<u32>;"
+        if old in decls:
+            decls = decls.replace(old, f"var<storage, read> {name}: array<vec4<f32>>;")
+        elif half in decls:
+            decls = decls.replace(half, f"var<storage, read> {name}: array<vec2<u32>>;").replace(
+                render("half", NAME=name), render("half4", NAME=name))
+        else:
+            raise RuntimeError(f"no read-only f32 or f16 binding {name!r} to read 4 values at a time")
     return decls
 
 

@@ -234,15 +234,16 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     ks = -(-(-(-k // split)) // bk) * bk  # slice length, a multiple of the K step
     split = -(-k // ks)
     contract = dict(M=m, N=n, K=k, SPLIT=split, KS=ks, LOAD_A=load_a, LOAD_B=load_b)
-    all_decls = bind.decls(list(names)).splitlines()
+    all_decls = bind.decls(list(names), loaders=False).splitlines()
+    loaders = bind.loaders(list(names), range(n_load))  # f16 operands widened as they load
     if split == 1:
-        decls, st = prelude + "\n".join(all_decls), store
+        decls, st = prelude + "\n".join(all_decls) + loaders, store
         slots = bind.list()
     else:  # the GEMM kernel writes [slice, g, m, n] partials into a temp buffer
         temp = ("temp", next(_temp_ids))
         slots = bind.list()[:n_load] + [(temp, "read_write")]
         decls = (prelude if load_prelude else "") + "\n".join(all_decls[:n_load]) + \
-            f"\n@group(0) @binding({n_load}) var<storage, read_write> partial: array<f32>;"
+            f"\n@group(0) @binding({n_load}) var<storage, read_write> partial: array<f32>;" + loaders
         st = f"    partial[((slice * {groups}u + g) * {m}u + m) * {n}u + n] = v;"
     common = render("igemm_common", BINDINGS=decls, STORE=st, **contract)
     if big:
@@ -297,7 +298,7 @@ def load_operand(sched: Schedule, k: Kernel, bind: _Bindings, names: dict, x: in
         return prologue
     names[len(bind.slots)] = name
     bind.use(x, own=True)
-    return f"    return {name}[{at}];", False
+    return f"    return {bind.element(x, name, at)};", False
 
 
 def _batch_offset(batch_shape, src_shape, var):
@@ -357,21 +358,25 @@ def matmul(sched: Schedule, k: Kernel) -> KernelCode:
     # aligned: every row and batch offset is then a multiple of 4
     vec4 = [None, None]
     off_a, off_b = offsets
+    half = [bind.half(base_of(g, i)) for i in n.inputs]  # f16 weights: 4 values per vec2<u32>
+
+    def quad(op, at):
+        return f"{op}_at4({at})" if half["ab".index(op)] else f"{op}[{at}]"
     if "a" not in names:
         pass  # computed by a prologue: nothing to read 16 bytes at a time
     elif sam == 1 and m_ % 4 == 0 and k_ > 0:
-        vec4[0] = ("group", off_a + f"\n    return a[(off + m + k * {sak}u) / 4u];")
+        vec4[0] = ("group", off_a + f"\n    return {quad('a', f'(off + m + k * {sak}u) / 4u')};")
     elif sak == 1 and k_ % 4 == 0:
-        vec4[0] = ("k", off_a + f"\n    return a[(off + m * {sam}u + k) / 4u];")
+        vec4[0] = ("k", off_a + f"\n    return {quad('a', f'(off + m * {sam}u + k) / 4u')};")
     if "b" not in names:
         pass
     elif sbn == 1 and n_ % 4 == 0 and k_ > 0:
-        vec4[1] = ("group", off_b + f"\n    return b[(off + k * {sbk}u + n) / 4u];")
+        vec4[1] = ("group", off_b + f"\n    return {quad('b', f'(off + k * {sbk}u + n) / 4u')};")
     elif sbk == 1 and k_ % 4 == 0:
-        vec4[1] = ("k", off_b + f"\n    return b[(off + k + n * {sbn}u) / 4u];")
+        vec4[1] = ("k", off_b + f"\n    return {quad('b', f'(off + k + n * {sbn}u) / 4u')};")
     codes = igemm(bind, m_, n_, k_, batches, load_a, load_b, store, label, names, prelude,
                   k_contiguous=(sak == 1, sbk == 1), vec4=tuple(vec4), n_load=n_load, load_prelude=load_prelude)
-    if plain and sak == 1 and sbk == 1 and k_ % 4 == 0:  # both along K in memory: the CPU's dot-product kernel
+    if plain and sak == 1 and sbk == 1 and k_ % 4 == 0 and not any(half):  # both along K: the CPU's dot-product kernel
         first = codes[0] if isinstance(codes, list) else codes
         decls = as_vec4(first.gemm_decls, "ab")
         split, ks = _split_of(first.wgsl)

@@ -50,8 +50,8 @@ def conv(sched: Schedule, k: Kernel) -> KernelCode:
     ho, wo = n.shape[2], n.shape[3]
     cout = og * groups
     kk = cg * kh * kw
-    load_a = "\n".join([_split("k", ["ci", "r"], [cg, kh * kw]),
-                        f"    return b[((g * {cg}u + ci) * {og}u + m) * {kh * kw}u + r];"])
+    weight = bind.element(base_of(g, n.inputs[1]), "b", f"((g * {cg}u + ci) * {og}u + m) * {kh * kw}u + r")
+    load_a = "\n".join([_split("k", ["ci", "r"], [cg, kh * kw]), f"    return {weight};"])
     load_b = "\n".join([
         _split("k", ["ci", "ky", "kx"], [cg, kh, kw]), _split("n", ["nb", "oy", "ox"], [nb, ho, wo]),
         f"    let ty = i32(oy) + {p[0]} - i32(ky * {d[0]}u);",
@@ -96,9 +96,9 @@ def _transposed_by_phase(sched, n, r, x, w, s, p, groups) -> list:
             bind.use(base_of(g, n.inputs[0]), own=True)
             bind.use(base_of(g, n.inputs[1]), own=True)
             bind.use(r, write=True, own=True)
-            load_a = "\n".join([_split("k", ["ci", "jy", "jx"], [cg, ty, tx]),
-                                f"    return b[((g * {cg}u + ci) * {og}u + m) * {kh * kw}u"
-                                f" + ({py}u + jy * {s[0]}u) * {kw}u + {px}u + jx * {s[1]}u];"])
+            weight = bind.element(base_of(g, n.inputs[1]), "b", f"((g * {cg}u + ci) * {og}u + m) * {kh * kw}u"
+                                  f" + ({py}u + jy * {s[0]}u) * {kw}u + {px}u + jx * {s[1]}u")
+            load_a = "\n".join([_split("k", ["ci", "jy", "jx"], [cg, ty, tx]), f"    return {weight};"])
             load_b = "\n".join([
                 _split("k", ["ci", "jy", "jx"], [cg, ty, tx]), *pixel,
                 f"    let iy = i32((oy + {p[0] - py + s[0] * kh}u) / {s[0]}u) - {kh} - i32(jy);",
@@ -140,7 +140,7 @@ def _conv_with_input(sched, k, n, r, a, b, s, p, d, groups):
         ho, wo = n.shape[2], n.shape[3]
         og = o // groups
         kk = cg * kh * kw
-        load_a = f"    return b[(g * {og}u + m) * {kk}u + k];"  # the weight is operand 1 (binding b)
+        load_a = f"    return {bind.element(base_of(g, n.inputs[1]), 'b', f'(g * {og}u + m) * {kk}u + k')};"  # the weight: binding b
         load_b = "\n".join([_split("k", ["ci", "ky", "kx"], [cg, kh, kw]), _split("n", ["nb", "oy", "ox"], [nb, ho, wo]),
                             *window])
         store = "\n".join([_split("n", ["nb", "pix"], [nb, ho * wo]),

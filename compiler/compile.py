@@ -10,6 +10,7 @@ import numpy as np
 from . import __version__
 from .blob import Reservation
 from .builder import Model
+from .half_weights import half_weights
 from .package_writer import PackageBuilder
 from .prepare import prepare
 from .schedule import schedule
@@ -33,14 +34,26 @@ def _without_cyclic_gc(fn):
     return run
 
 
+WEIGHT_TYPES = ("f32", "f16")
+
+
+def _weights_as(graphs, weights: str) -> list:
+    """Store the weights that `weights` allows in half precision (half_weights.py)."""
+    if weights not in WEIGHT_TYPES:
+        raise ValueError(f"weights must be one of {WEIGHT_TYPES}, not {weights!r}")
+    return sorted(half_weights(graphs)) if weights == "f16" else []
+
+
 @_without_cyclic_gc
 def compile_model(model: Model, train: TrainConfig | None = None, source: dict | None = None,
-                  progress=None, share_scratch: bool = False) -> bytes:
+                  progress=None, share_scratch: bool = False, weights: str = "f32") -> bytes:
     """Compile `model` into package bytes: program "infer", and "train_step" with `train`.
 
     `progress(step_name)` is called before each stage (the CLI shows a progress bar).
     `share_scratch`: infer and train_step share scratch buffers (less memory), for hosts
     that never run inference between the chunks of a training step.
+    `weights="f16"`: the weights only matmuls and convolutions read, and no training step
+    updates, are stored in half precision (half the bytes; the arithmetic stays f32).
     """
     t0 = time.perf_counter()
     step = progress or (lambda name: None)
@@ -53,6 +66,7 @@ def compile_model(model: Model, train: TrainConfig | None = None, source: dict |
     if train is not None:
         step("autodiff and optimizer")
         tg = prepare(build_training_graph(model.graph, train))
+    _weights_as([fwd] if tg is None else [fwd, tg], weights)
     # both graphs fix the weights: hash them on a thread while the rest is scheduled
     pb.start_blob_hash([fwd] if tg is None else [fwd, tg])
     if tg is not None:
@@ -91,16 +105,19 @@ def _batch_info(model: Model) -> dict | None:
 
 
 @_without_cyclic_gc
-def compile_programs(programs: dict, source: dict | None = None, meta: dict | None = None) -> bytes:
+def compile_programs(programs: dict, source: dict | None = None, meta: dict | None = None,
+                     weights: str = "f32") -> bytes:
     """Compile several graphs into one package, one program each (name -> Graph).
 
     Parameters, optimizer state and inputs with the same name share one buffer across
     programs; a program can hand a tensor to another through a state it assigns (e.g. an
-    inference program caching features that a training program reads)."""
+    inference program caching features that a training program reads). `weights`: as
+    compile_model's."""
     if "infer" not in programs:
         raise ValueError("a package needs an 'infer' program")
     pb = PackageBuilder(__version__)
     prepared = {name: prepare(graph) for name, graph in programs.items()}
+    _weights_as(prepared.values(), weights)
     pb.start_blob_hash(prepared.values())
     pb.plan_arenas(prepared.values())
     for name, g in prepared.items():

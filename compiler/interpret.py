@@ -36,6 +36,8 @@ def run_graph(graph: Graph, inputs: dict, dtype=np.float64, values: dict | None 
                 raise KeyError(f"no value for constant {name!r}")
             else:
                 raise KeyError(f"no value for parameter {name!r}")
+            if n.dtype == "f16":  # weights stored in half precision (half_weights.py): the values the GPU reads
+                v = v.astype(np.float16)
             v = v.astype(np.int32 if n.dtype == "i32" else fdt)
             if v.shape != n.shape:
                 raise ValueError(f"{n.op} {name!r} has shape {v.shape}, the graph says {n.shape}")

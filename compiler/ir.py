@@ -14,7 +14,7 @@ import numpy as np
 
 LEAF_OPS = ("input", "param", "state", "constant", "const")
 NAMED_LEAVES = ("input", "param", "state", "constant")  # leaves that own a buffer
-DTYPES = ("f32", "i32")
+DTYPES = ("f32", "i32", "f16")  # f16: stored weights only (compiler/half_weights.py)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,12 @@ FORMAT_VERSION = 3
 ALIGN = 16
 
 
+ITEM_BYTES = {"f32": 4, "i32": 4, "f16": 2}
+NUMPY_TYPES = {"f32": np.float32, "i32": np.int32, "f16": np.float16}
+
+
 def nbytes(node) -> int:
-    return bytes_of(node.size)
+    return bytes_of(node.size, ITEM_BYTES[node.dtype])
 
 
 class PackageBuilder:
@@ -90,7 +94,7 @@ class PackageBuilder:
     def _array(self, name, dtype, value):
         hit = self._arrays.get(name)
         if hit is None or hit[0] is not value or hit[1] != dtype:
-            hit = (value, dtype, np.ascontiguousarray(value, dtype=np.int32 if dtype == "i32" else np.float32))
+            hit = (value, dtype, np.ascontiguousarray(value, dtype=NUMPY_TYPES[dtype]))
             self._arrays[name] = hit
         return hit[2]
 
@@ -246,8 +250,8 @@ class PackageBuilder:
                 self.reservation.release()
 
 
-def bytes_of(elements: int) -> int:
-    return max(ALIGN, -(-elements * 4 // ALIGN) * ALIGN)
+def bytes_of(elements: int, item_bytes: int = 4) -> int:
+    return max(ALIGN, -(-elements * item_bytes // ALIGN) * ALIGN)
 
 
 def _writable(code, slots):

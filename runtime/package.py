@@ -23,7 +23,7 @@ FORMAT_NAME = "meganeura-package"
 FORMAT_VERSION = 3
 MAX_MANIFEST = 256 << 20
 ROLES = ("input", "param", "state", "constant", "output")
-DTYPES = {"f32": np.float32, "i32": np.int32}
+DTYPES = {"f32": np.float32, "i32": np.int32, "f16": np.float16}  # f16: parameters only (stored weights)
 ACCESS = ("read", "read_write")
 READ_STEP = 64 << 20  # bytes per read task when loading a file
 OFFSET_ALIGN = 256  # byte offsets of tensors and bound ranges: WebGPU's largest minStorageBufferOffsetAlignment
@@ -201,10 +201,12 @@ def validate_manifest(m) -> None:
             _fail(f"{w}.role: {role!r:.40} is not one of {ROLES}")
         if not isinstance(_key(t, "dtype", w), str) or t["dtype"] not in DTYPES:
             _fail(f"{w}.dtype: {t['dtype']!r:.40} is not one of {tuple(DTYPES)}")
+        if t["dtype"] == "f16" and role != "param":
+            _fail(f"{w}.dtype: only parameters are stored in f16, not a {role}")
         shape = _list(_key(t, "shape", w), f"{w}.shape", 8)
         for d in shape:
             _int(d, f"{w}.shape", 0, 1 << 32)
-        size = int(np.prod(shape, dtype=np.int64)) * 4
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(DTYPES[t["dtype"]]).itemsize
         b = _int(_key(t, "buffer", w), f"{w}.buffer", 0, nbuf - 1 if nbuf else -1)
         offset = _int(t.get("offset", 0), f"{w}.offset")
         if offset % OFFSET_ALIGN:
@@ -440,13 +442,14 @@ def _load_weights(blob: memoryview, m: dict) -> dict:
         name_of = _key(e, "dtype", w)
         dtype = {k.upper(): v for k, v in DTYPES.items()}.get(name_of) if isinstance(name_of, str) else None
         if dtype is None:
-            _fail(f"{w}: dtype {name_of!r:.20} is not F32 or I32")
+            _fail(f"{w}: dtype {name_of!r:.20} is not F32, I32 or F16")
         shape = [_int(d, f"{w}.shape", 0, 1 << 32) for d in _list(_key(e, "shape", w), f"{w}.shape", 8)]
         offsets = _list(_key(e, "data_offsets", w), f"{w}.data_offsets", 2)
         a, b = (_int(o, f"{w}.data_offsets", 0, len(data)) for o in offsets) if len(offsets) == 2 else (-1, -1)
         count = math.prod(shape)  # Python ints: no wrap-around
-        if a < 0 or b - a != 4 * count:
-            _fail(f"{w}: data_offsets {offsets!r:.60} do not hold {count} values of 4 bytes")
+        item = np.dtype(dtype).itemsize
+        if a < 0 or b - a != item * count:
+            _fail(f"{w}: data_offsets {offsets!r:.60} do not hold {count} values of {item} bytes")
         arr = np.frombuffer(data, dtype, count, a).reshape(shape)
         arr.flags.writeable = False  # a view of the package's bytes (which may be writable memory)
         weights[name] = arr

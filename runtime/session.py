@@ -246,6 +246,8 @@ class Session:
 
     def _write(self, t, value):
         arr = np.ascontiguousarray(value, dtype=DTYPES[t["dtype"]])
+        if arr.nbytes % 4:  # an odd number of f16 values: writes come in whole 4-byte words
+            arr = np.concatenate([arr.reshape(-1), np.zeros(1, arr.dtype)])
         if arr.nbytes:  # straight from the array: wgpu copies it into its staging memory
             self.device.queue.write_buffer(self.buffers[t["buffer"]], t.get("offset", 0), arr)
 
@@ -385,7 +387,8 @@ class Session:
         if count == 0:
             return np.zeros(t["shape"], dtype=DTYPES[t["dtype"]])
         with self._gpu(f"reading {name}"):
-            data = self.device.queue.read_buffer(self.buffers[t["buffer"]], t.get("offset", 0), count * 4)
+            size = count * np.dtype(DTYPES[t["dtype"]]).itemsize
+            data = self.device.queue.read_buffer(self.buffers[t["buffer"]], t.get("offset", 0), -(-size // 4) * 4)
         return np.frombuffer(data, dtype=DTYPES[t["dtype"]])[:count].reshape(t["shape"]).copy()
 
     def write_tensor(self, name: str, value, role: str = "state") -> None:
@@ -443,6 +446,9 @@ class Session:
                 raise ValueError(f"weight {name!r} has shape {list(v.shape)}, the package needs {t['shape']}")
             if not np.isfinite(v).all():
                 raise ValueError(f"weight {name!r} holds NaN or infinity")
+            if t["dtype"] == "f16" and np.abs(v).max(initial=0.0) > 65504:
+                raise ValueError(f"weight {name!r} holds values beyond 65504, half precision's largest, and this "
+                                 "package stores it in half precision (compiled with f16 weights)")
             checked[name] = (t, v)
         with self._gpu("loading weights"):
             for t, v in checked.values():  # all checked first: a bad file changes nothing
