@@ -25,6 +25,7 @@ def main(argv=None):
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--half-backbone", action="store_true", help="the backbone's weights stored in f16")
     args = ap.parse_args(argv)
     import torch
     import wgpu
@@ -48,7 +49,7 @@ def main(argv=None):
     for eyes in (1, 2):
         cfg = DemoConfig(height=args.size, width=args.size, eyes=eyes)
         t = time.perf_counter()
-        data = compile_demo(cfg, weights)
+        data = compile_demo(cfg, weights, half_backbone=args.half_backbone)
         compile_s = time.perf_counter() - t
         session = Session(device, Package.from_bytes(data), shader_checks=False)  # as the demo runs it
         rng = np.random.default_rng(0)
@@ -59,8 +60,12 @@ def main(argv=None):
         ours_infer = time_program(session, "infer", {"pixel_values": x}, iters=args.iters)
         ours_train = time_program(session, "train_decoder", {"labels": labels, "label_mask": np.ones(len(labels))},
                                   iters=args.iters)
-        twin = load(cfg, {**weights, **session.weights(only=["decoder.*"])}, device="cuda")
+        # the weights as the package holds them now (the backbone in f16 with --half-backbone)
+        twin = load(cfg, {k: v.astype(np.float32) for k, v in session.weights().items()}, device="cuda")
         tx = torch.tensor(x, device="cuda")
+        with torch.no_grad():  # the same computation? before torch's timed steps train its decoder
+            theirs_logits = twin(tx).float().cpu().numpy()
+        ours_logits = session.run("infer", {"pixel_values": x})["logits"]
         tl = torch.tensor(labels, device="cuda")
         params = [p for n, p in twin.named_parameters() if n.startswith("decoder.")]
         opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=1e-4)
@@ -79,7 +84,9 @@ def main(argv=None):
 
         theirs_infer = time_torch(infer, iters=args.iters)
         theirs_train = time_torch(train, iters=args.iters)
-        row = {"eyes": eyes, "size": args.size, "compile_s": compile_s,
+        row = {"eyes": eyes, "size": args.size, "compile_s": compile_s, "half_backbone": args.half_backbone,
+               "package_mb": len(data) / 2**20, "gpu_mb": session.package.manifest["memory"]["buffer_bytes"] / 2**20,
+               "logits_rel_err": float(np.abs(ours_logits - theirs_logits).max() / np.abs(theirs_logits).max()),
                "meganeura": {"infer": ours_infer, "train_step": ours_train},
                "torch": {"infer": theirs_infer, "train_step": theirs_train}}
         for k in ("infer", "train_step"):

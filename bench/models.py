@@ -97,6 +97,7 @@ def _torch_side(module, forward, loss_fn, inputs: dict, labels, extra: dict | No
             notes.update({"torch_adamw": "foreach" if dev != "cpu" else "for-loop (cpu)",
                           **({"torch_attention": attn} if attn else {})})
         return infer, train
+    setup.module = module  # (bench/run.py --weights f16 rounds its weights as the package stores them)
     return setup
 
 

@@ -51,6 +51,8 @@ EXPERIMENTS = {
     "--columns-split-from": ("reductions", "COLUMNS_SPLIT_FROM", None,
                              "column reductions over fewer rows run unsplit"),
     "--regs64": ("codegen_gemm", ("GEMM_PLAN", "regs64"), True, "64-tiles with 8x8 outputs per thread"),
+    "--straight-staging": ("codegen_gemm", ("GEMM_PLAN", "straight_staging"), True,
+                           "64- and 32-tiles stage their entries without a loop (index math can leave the K loop)"),
     "--big-split": ("codegen_gemm", ("GEMM_PLAN", "big_split"), None,
                     "convolutions too few for 128-tiles split K over up to this many slices on them (0: 64-tiles)"),
     "--attention-fill": ("codegen_attention", ("ATTENTION_BWD_PLAN", "fill"), None,
@@ -82,6 +84,20 @@ def rel(a, b) -> float:
 
 def _numpy(t):
     return t.detach().float().cpu().numpy()
+
+
+def _round_torch_weights(module, names) -> int:
+    """Round `module`'s state-dict tensors named `names` to f16 and back, in place; how many."""
+    import torch
+
+    if module is None:
+        return 0
+    state = module.state_dict()
+    with torch.no_grad():
+        for n in names:
+            if n in state:
+                state[n].copy_(state[n].half().float())
+    return sum(n in state for n in names)
 
 
 def run_one(name, spec, args, device, tdev):
@@ -131,16 +147,23 @@ def run_one(name, spec, args, device, tdev):
         # the same computation? inference output, then the first training step's loss (same weights)
         ours_out = session.run("infer", infer_feed)[out_name]
         theirs_out = _numpy(tfwd())
-        row["infer_rel_err"] = rel(ours_out.reshape(theirs_out.shape) if ours_out.size == theirs_out.size
-                                   else ours_out, theirs_out)
+
+        def err(theirs):
+            return rel(ours_out.reshape(theirs.shape) if ours_out.size == theirs.size else ours_out, theirs)
+        row["infer_rel_err"] = err(theirs_out)
         row["out_scale"] = float(np.abs(theirs_out).max())
-        del ours_out
         if half and cuda:  # PyTorch's f16 path beside ours: autocast (f16 tensor-core matmuls)
             def infer_fp16():
                 with torch.autocast("cuda", dtype=torch.float16):
                     return tfwd()
             row["torch_fp16_rel_err"] = rel(_numpy(infer_fp16()), theirs_out)
-        del theirs_out
+        if half:  # the check: torch with the weights as the package stores them (rounded to f16)
+            row["infer_rel_err_f32_weights"] = row["infer_rel_err"]
+            row["f16_weights_in_torch"] = _round_torch_weights(
+                getattr(case.setup, "module", None), [t["name"] for t in package.manifest["tensors"]
+                                                      if t["dtype"] == "f16"])
+            row["infer_rel_err"] = err(_numpy(tfwd()))
+        del ours_out, theirs_out
         has_train = "train_step" in session.programs and ttrain is not None
         if has_train:
             ours_loss = float(np.asarray(session.run("train_step", case.inputs)["loss"]).reshape(-1)[0])
@@ -285,6 +308,9 @@ def _line(r):
             parts.append(f"{p}: gpu {_f(m['gpu_ms'])} vs {t['gpu_ms']:.3f} ms (x{_f(r[p]['gpu_ratio'], '.2f')}), "
                          f"wall {m['wall_ms']:.3f} vs {t['wall_ms']:.3f} ms ({m['dispatches']} dispatches, "
                          f"{m['iters']}/{t['iters']} iters)")
+    if "infer_rel_err_f32_weights" in r:
+        parts.append(f"vs torch's f32 weights {r['infer_rel_err_f32_weights']:.1e} "
+                     f"({r['f16_weights_in_torch']} of {r['f16_weights']} f16 weights rounded in torch too)")
     if "torch_fp16_autocast" in r.get("infer", {}):
         parts.append(f"torch fp16 autocast {r['infer']['torch_fp16_autocast']['gpu_ms']:.3f} ms "
                      f"(x{r['infer']['gpu_ratio_vs_fp16_autocast']:.2f}; its rel err {r['torch_fp16_rel_err']:.1e})")

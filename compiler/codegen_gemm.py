@@ -134,7 +134,9 @@ GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 12
              # 64-tiles with 8x8 outputs per thread on 8 x 8 threads (igemm128.wgsl), not 4x4 on
              # 16 x 16 (igemm.wgsl): twice the multiply-adds per workgroup-memory load; off until
              # measured on the GPU (bench/gemm_policy.py's "64-tiles 8x8 per thread" plan)
-             "regs64": False}
+             "regs64": False,
+             # 64- and 32-tiles: staging without a loop over a thread's tile entries (see _stage_small)
+             "straight_staging": False}
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
@@ -183,7 +185,22 @@ def _vec4_common(common, decls, st, contract, modes, vec4) -> str:
 
 
 def _stage_small(tg: int, k_contiguous, modes) -> dict:
-    """igemm.wgsl's staging statements for tile entry `e` of A and of B (see _stage128)."""
+    """igemm.wgsl's staging: statements for tile entry `e` of A and of B (see _stage128), in a
+    loop over the thread's entries, or (GEMM_PLAN["straight_staging"]) once per entry with e a
+    constant offset from tid, so that the driver's compiler can move what an entry's rows and
+    columns cost (a convolution's pixel coordinates) out of the K loop."""
+    out = _stage_entry(tg, k_contiguous, modes)
+    body = out.pop("STAGE_A") + "\n" + out.pop("STAGE_B")
+    if GEMM_PLAN["straight_staging"]:
+        out["STAGING"] = "\n".join(f"        {{\n            let e = tid + {j * tg * tg}u;\n{body}\n        }}"
+                                   for j in range(-(-16 * tg // (tg * tg))))
+    else:
+        out["STAGING"] = f"        for (var e = tid; e < 16u * TG; e = e + TG * TG) {{\n{body}\n        }}"
+    return out
+
+
+def _stage_entry(tg: int, k_contiguous, modes) -> dict:
+    """igemm.wgsl's staging statements for tile entry `e` of A and of B."""
     out = {}
     for op, contiguous, mode in zip("ab", k_contiguous, modes):
         i = 8 * " "

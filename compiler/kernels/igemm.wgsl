@@ -26,11 +26,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     for (var k0 = slice * KS; k0 < k_end; k0 = k0 + 16u) {
         // each thread stages vec4s of A (4 rows at one k, or 4 k of one row) and of B
         // ({{A_ORDER}} for A, {{B_ORDER}} for B, so that a warp's loads walk the operand's
-        // contiguous dimension)
-        for (var e = tid; e < 16u * TG; e = e + TG * TG) {
-{{STAGE_A}}
-{{STAGE_B}}
-        }
+        // contiguous dimension): tile entries e = tid, tid + TG * TG, ... below 16 TG
+{{STAGING}}
         workgroupBarrier();
 {{INNER_LOOP}}
         workgroupBarrier();

@@ -144,8 +144,10 @@ def build_programs(cfg: DemoConfig, backbone_weights: dict | None = None, decode
 
 
 def compile_demo(cfg: DemoConfig, backbone_weights: dict | None = None, decoder_weights: dict | None = None,
-                 seed: int = 0) -> bytes:
+                 seed: int = 0, half_backbone: bool = False) -> bytes:
+    """The demo's package. `half_backbone`: the frozen backbone's matmul and convolution
+    weights stored in half precision (compile_programs' weights="f16"; the decoder trains in f32)."""
     progs = build_programs(cfg, backbone_weights, decoder_weights, seed)
     meta = {"dinovision": {"height": cfg.height, "width": cfg.width, "eyes": cfg.eyes, "classes": cfg.classes,
                            "label_shape": list(cfg.label_shape), "mean": MEAN, "std": STD}}
-    return compile_programs(progs, source={"kind": "dinovision"}, meta=meta)
+    return compile_programs(progs, source={"kind": "dinovision"}, meta=meta, weights="f16" if half_backbone else "f32")

@@ -112,6 +112,31 @@ def test_64_tiles_with_8x8_outputs_per_thread(case, device, monkeypatch):
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
+@pytest.mark.parametrize("case", ["split_k_32_tiles", "conv_grads"])
+def test_straight_staging(case, device, monkeypatch):
+    """GEMM_PLAN["straight_staging"]: 64- and 32-tiles stage a thread's tile entries without a
+    loop (32-tiles: two entries per thread), a matmul with split-K and a convolution with both
+    gradients, on the GPU kernels against numpy / torch."""
+    from meganeura.compiler import codegen_gemm
+
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "straight_staging", True)
+    if case == "conv_grads":
+        model, vals, refs = _conv_with_gradients((2, 16, 10, 10), (70, 16, 3, 3), 1, seed=6, w_scale=0.2)
+    else:
+        rng = np.random.default_rng(6)
+        b = Builder()
+        a_in, b_in = b.input("a", (33, 300)), b.input("b", (300, 70))
+        b.output("c", b.matmul(a_in, b_in))
+        vals = {"a": rng.standard_normal((33, 300)), "b": rng.standard_normal((300, 70))}
+        refs = {"c": vals["a"] @ vals["b"]}
+        model = b.build()
+    pkg = Package.from_bytes(compile_model(model))
+    assert any("let e = tid + 0u;" in k["wgsl"] for k in pkg.manifest["kernels"])
+    if case != "conv_grads":
+        assert any("let e = tid + 64u;" in k["wgsl"] for k in pkg.manifest["kernels"])  # 32-tiles: 2 entries
+    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
+
+
 @pytest.mark.parametrize("device_class", ["cpu", "gpu"])
 def test_conv_on_split_128_tiles(device_class, device, monkeypatch):
     """GEMM_PLAN["big_split"]: a convolution whose M and N fill 128-tiles but whose tiles are too

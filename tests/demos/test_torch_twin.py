@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -14,14 +15,18 @@ from meganeura.demos.dinovision.model import DemoConfig, compile_demo  # noqa: E
 from meganeura.runtime import Package, Session  # noqa: E402
 
 
-def test_the_torch_twin_matches_the_package(device):
+@pytest.mark.parametrize("half_backbone", [False, True])
+def test_the_torch_twin_matches_the_package(half_backbone, device):
     cfg = DemoConfig(height=64, width=80, eyes=2)
     weights = load_backbone()
-    session = Session(device, Package.from_bytes(compile_demo(cfg, weights, seed=3)))
+    session = Session(device, Package.from_bytes(compile_demo(cfg, weights, seed=3, half_backbone=half_backbone)))
     rng = np.random.default_rng(1)  # random decoder weights (refine2 starts at zero otherwise)
     session.set_weights({k: rng.standard_normal(v.shape).astype(np.float32) * 0.2
                          for k, v in session.weights(only=["decoder.*"]).items()}, strict=False)
-    w = {**weights, **session.weights(only=["decoder.*"])}
+    stored = session.weights()  # the backbone as the package holds it (f16 for its matmuls with half_backbone)
+    halves = sorted(k for k, v in stored.items() if v.dtype == np.float16)
+    assert bool(halves) == half_backbone and not any(k.startswith("decoder.") for k in halves)
+    w = {**weights, **{k: v.astype(np.float32) for k, v in stored.items()}}
     twin = load(cfg, w, dtype=torch.float64)
     x = np.random.default_rng(0).standard_normal((2, 3, 64, 80)).astype(np.float32)
     ours = session.run("infer", {"pixel_values": x})["logits"]
