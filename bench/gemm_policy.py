@@ -27,7 +27,7 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
 ]
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
 _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
-      "big_split": 0, "regs64": False, "straight_staging": False}  # (each plan sets every key: plans run one after another)
+      "big_split": 0, "regs64": False, "straight_staging": False, "conv_vec4_weights": False}  # (each plan sets every key: plans run one after another)
 _BIG = {"big_bk": 16, "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
 GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles only when M, N >= 128")
     "F": {**_F, **_BIG, "spread_a": False, "spread_b": False, "big_min_side": 0},
@@ -41,6 +41,10 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles 
                                                    "big_min_side": 128, "big_split": 0, "regs64": True},
     "... (no split) and straight staging on 64/32-tiles": {**_F, **_BIG, "spread_a": False, "spread_b": True,
                                                            "big_min_side": 128, "straight_staging": True},
+    "... (no split) and convolution weights 16 bytes at a time": {**_F, **_BIG, "spread_a": False, "spread_b": True,
+                                                                  "big_min_side": 128, "conv_vec4_weights": True},
+    "... both": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128, "straight_staging": True,
+                 "conv_vec4_weights": True},
 }
 ITERS = 100
 # attention backward (dQ, dK, dV of one attention): Whisper-tiny, DINOv2, SD-1.5's first level (self, cross)

@@ -53,6 +53,8 @@ EXPERIMENTS = {
     "--regs64": ("codegen_gemm", ("GEMM_PLAN", "regs64"), True, "64-tiles with 8x8 outputs per thread"),
     "--straight-staging": ("codegen_gemm", ("GEMM_PLAN", "straight_staging"), True,
                            "64- and 32-tiles stage their entries without a loop (index math can leave the K loop)"),
+    "--conv-vec4-weights": ("codegen_gemm", ("GEMM_PLAN", "conv_vec4_weights"), True,
+                            "convolutions read 4 k of a weight row at once"),
     "--big-split": ("codegen_gemm", ("GEMM_PLAN", "big_split"), None,
                     "convolutions too few for 128-tiles split K over up to this many slices on them (0: 64-tiles)"),
     "--attention-fill": ("codegen_attention", ("ATTENTION_BWD_PLAN", "fill"), None,

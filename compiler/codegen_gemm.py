@@ -136,7 +136,9 @@ GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 12
              # measured on the GPU (bench/gemm_policy.py's "64-tiles 8x8 per thread" plan)
              "regs64": False,
              # 64- and 32-tiles: staging without a loop over a thread's tile entries (see _stage_small)
-             "straight_staging": False}
+             "straight_staging": False,
+             # convolutions read their weight (operand A) 4 k at a time where K is a multiple of 4
+             "conv_vec4_weights": False}
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
@@ -176,7 +178,9 @@ def _vec4_common(common, decls, st, contract, modes, vec4) -> str:
     loaders stubbed out and load_a4 / load_b4 added."""
     if not any(modes):
         return common
-    decls4, contract4 = as_vec4(decls, [op for op, mode in zip("ab", modes) if mode]), dict(contract)
+    # (a convolution's operand A, its weight, lives in binding b: vec4 entries may name theirs)
+    bound = [v[2] if v and len(v) > 2 else op for op, v in zip("ab", vec4)]
+    decls4, contract4 = as_vec4(decls, [b for b, mode in zip(bound, modes) if mode]), dict(contract)
     for op, mode in zip("ab", modes):
         if mode:
             contract4[f"LOAD_{op.upper()}"] = f"    return 0.0;  // read through load_{op}4"
@@ -242,7 +246,8 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     them read), the others to store() (the output, and an epilogue's inputs).
     `k_contiguous`: whether A and B are laid out along K in memory (how to stage them).
     `vec4`: per operand None, or (mode, body of load_a4(g, m, k) / load_b4(g, k, n) -> vec4,
-    reading a binding declared array<vec4<f32>>), used by every tile size (see _stage128, _stage_small).
+    reading a binding declared array<vec4<f32>>[, that binding's name when not the operand's]),
+    used by every tile size (see _stage128, _stage_small).
     `conv`: the loads compute im2col windows (the plan steps K differently)."""
     tile, bk, split = gemm_plan(m, n, k, groups, conv)
     # 8x8 outputs per thread: 128-tiles, and 64-tiles too with GEMM_PLAN["regs64"]

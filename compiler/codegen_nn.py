@@ -11,7 +11,7 @@ Groups are the GEMM's batch dimension.
 from __future__ import annotations
 
 from .codegen import WG, KernelCode, _Bindings, _temp_ids, grid, per_output
-from .codegen_gemm import igemm, load_operand
+from .codegen_gemm import GEMM_PLAN, igemm, load_operand
 from .ops_nn import _conv_attrs, _pool_attrs
 from .schedule import Kernel, Schedule, base_of
 from .wgsl import template
@@ -140,13 +140,18 @@ def _conv_with_input(sched, k, n, r, a, b, s, p, d, groups):
         ho, wo = n.shape[2], n.shape[3]
         og = o // groups
         kk = cg * kh * kw
-        load_a = f"    return {bind.element(base_of(g, n.inputs[1]), 'b', f'(g * {og}u + m) * {kk}u + k')};"  # the weight: binding b
+        weight = base_of(g, n.inputs[1])
+        load_a = f"    return {bind.element(weight, 'b', f'(g * {og}u + m) * {kk}u + k')};"  # the weight: binding b
         load_b = "\n".join([_split("k", ["ci", "ky", "kx"], [cg, kh, kw]), _split("n", ["nb", "oy", "ox"], [nb, ho, wo]),
                             *window])
         store = "\n".join([_split("n", ["nb", "pix"], [nb, ho * wo]),
                            f"    c[(nb * {o}u + g * {og}u + m) * {ho * wo}u + pix] = v;"])
+        vec4 = (None, None)
+        if GEMM_PLAN["conv_vec4_weights"] and kk % 4 == 0:  # 4 k of one weight row, 16 bytes (8: f16) at a time
+            at = f"((g * {og}u + m) * {kk}u + k) / 4u"
+            vec4 = (("k", f"    return {'b_at4(' + at + ')' if bind.half(weight) else 'b[' + at + ']'};", "b"), None)
         return igemm(bind, og, nb * ho * wo, kk, groups, load_a, load_b, store, label, names, prelude,
-                     k_contiguous=(True, False), conv=True, n_load=n_load,
+                     k_contiguous=(True, False), vec4=vec4, conv=True, n_load=n_load,
                      load_prelude=bool(prelude))  # weights [O, C/g * kh * kw]
     # conv2d_weight_grad(x, gy) -> [O, C/g, kh, kw]
     _, o, ho, wo = o_

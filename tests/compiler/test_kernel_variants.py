@@ -137,6 +137,20 @@ def test_straight_staging(case, device, monkeypatch):
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
+@pytest.mark.parametrize("shape", [((2, 16, 10, 10), (70, 16, 3, 3)), ((4, 16, 64, 64), (256, 16, 3, 3))])
+def test_conv_weights_read_16_bytes_at_a_time(shape, device, monkeypatch):
+    """GEMM_PLAN["conv_vec4_weights"]: the forward convolution reads 4 k of a weight row at once
+    (64- and 128-tiles), with both gradients, on the GPU kernels against torch."""
+    from meganeura.compiler import codegen_gemm
+
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "conv_vec4_weights", True)
+    model, vals, refs = _conv_with_gradients(*shape, 1, seed=7, w_scale=0.2)
+    pkg = Package.from_bytes(compile_model(model))
+    convs = [k["wgsl"] for k in pkg.manifest["kernels"] if k["label"] == "conv2d" and "fn load_a4" in k["wgsl"]]
+    assert convs and ("register-blocked" in convs[0]) == (shape[1][0] == 256)  # 64-tiles, then 128-tiles
+    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
+
+
 @pytest.mark.parametrize("device_class", ["cpu", "gpu"])
 def test_conv_on_split_128_tiles(device_class, device, monkeypatch):
     """GEMM_PLAN["big_split"]: a convolution whose M and N fill 128-tiles but whose tiles are too

@@ -110,3 +110,27 @@ def test_cli_info_and_errors(built, tmp_path, capsys):
     after = frozen.weights()
     assert np.array_equal(before["0.weight"], after["0.weight"]) and np.array_equal(before["0.bias"], after["0.bias"])
     assert not np.array_equal(before["2.weight"], after["2.weight"])
+
+
+def test_cli_half_weights(built, tmp_path, capsys):
+    """`meganeura compile --weights f16`: the frozen first layer's weight is stored in f16 (the
+    trained one stays f32) and inference matches torch with that weight rounded to f16."""
+    from meganeura.compiler.cli import main
+
+    out, model = built
+    assert main(["compile", str(out / "mlp.onnx"), "-o", str(tmp_path / "h.mnpk"), "--train", "-q",
+                 "--freeze", "0.*", "--weights", "f16"]) == 0
+    assert main(["info", str(tmp_path / "h.mnpk")]) == 0
+    text = capsys.readouterr().out
+    assert "0.weight: f16[128, 64]" in text and "2.weight: f32" in text
+    session = Session(None, tmp_path / "h.mnpk")
+    x = digits.load_data()[0][:64]
+    import copy
+
+    rounded = copy.deepcopy(model)  # (the fixture's model stays as exported)
+    with torch.no_grad():
+        rounded[0].weight.copy_(rounded[0].weight.half().float())
+        ref = rounded(torch.tensor(x, dtype=torch.float32)).numpy()
+    got = session.run("infer", {"x": x})
+    got = got[next(iter(got))]
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
