@@ -72,7 +72,9 @@ class Session:
         todo = [(i, k) for i, k in enumerate(m["kernels"]) if i in used]
         for i, k in todo:
             self._layout(k)  # shared by kernels: made here, not in the threads
-        pipelines = _in_background({i: (self._pipeline, i, k) for i, k in todo})
+        # the longest kernels first (their WGSL's length: NVIDIA took 100-240 ms on the 8x8-per-thread
+        # GEMMs, ~12 on most), so that no long compile starts last and holds up the load alone
+        pipelines = _in_background({i: (self._pipeline, i, k) for i, k in sorted(todo, key=lambda ik: -len(ik[1]["wgsl"]))})
         groups = None
         try:
             self.buffers = self._allocate(m["buffers"])

@@ -3,7 +3,6 @@ bytes, and the answers of both kernel variants against torch and the float64 int
 computed from the same f16-rounded weights."""
 import numpy as np
 import pytest
-
 from meganeura.compiler import Builder, TrainConfig, compile_model, run_graph
 from meganeura.compiler.compile import compile_programs
 from meganeura.runtime import Package, PackageError, Session
@@ -177,7 +176,6 @@ def test_validator_allows_f16_for_parameters_only():
 def test_convolution_reads_half_weights_16_bytes_at_a_time(device, monkeypatch):
     """With GEMM_PLAN["conv_vec4_weights"] a convolution reads 4 f16 weights (8 bytes) at once."""
     import torch
-
     from meganeura.compiler import codegen_gemm
 
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "conv_vec4_weights", True)

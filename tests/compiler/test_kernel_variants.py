@@ -112,14 +112,15 @@ def test_64_tiles_with_8x8_outputs_per_thread(case, device, monkeypatch):
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
+@pytest.mark.parametrize("straight", [True, False])
 @pytest.mark.parametrize("case", ["split_k_32_tiles", "conv_grads"])
-def test_straight_staging(case, device, monkeypatch):
-    """GEMM_PLAN["straight_staging"]: 64- and 32-tiles stage a thread's tile entries without a
-    loop (32-tiles: two entries per thread), a matmul with split-K and a convolution with both
-    gradients, on the GPU kernels against numpy / torch."""
+def test_staging_with_and_without_a_loop(case, straight, device, monkeypatch):
+    """GEMM_PLAN["straight_staging"] (the default): 64- and 32-tiles stage a thread's tile
+    entries without a loop (32-tiles: two entries per thread); off, in a loop. A matmul with
+    split-K and a convolution with both gradients, on the GPU kernels against numpy / torch."""
     from meganeura.compiler import codegen_gemm
 
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "straight_staging", True)
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "straight_staging", straight)
     if case == "conv_grads":
         model, vals, refs = _conv_with_gradients((2, 16, 10, 10), (70, 16, 3, 3), 1, seed=6, w_scale=0.2)
     else:
@@ -131,8 +132,9 @@ def test_straight_staging(case, device, monkeypatch):
         refs = {"c": vals["a"] @ vals["b"]}
         model = b.build()
     pkg = Package.from_bytes(compile_model(model))
-    assert any("let e = tid + 0u;" in k["wgsl"] for k in pkg.manifest["kernels"])
-    if case != "conv_grads":
+    assert any("let e = tid + 0u;" in k["wgsl"] for k in pkg.manifest["kernels"]) == straight
+    assert any("for (var e = tid;" in k["wgsl"] for k in pkg.manifest["kernels"]) == (not straight)
+    if case != "conv_grads" and straight:
         assert any("let e = tid + 64u;" in k["wgsl"] for k in pkg.manifest["kernels"])  # 32-tiles: 2 entries
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
