@@ -147,6 +147,10 @@ class Package:
         params = [t for t in m["tensors"] if t["role"] == "param"]
         count = sum(int(np.prod(t["shape"], dtype=np.int64)) for t in params)
         lines.append(f"  parameters: {len(params)} tensors, {count} values")
+        halves = [t for t in params if t["dtype"] == "f16"]
+        if halves:
+            lines.append(f"  in half precision (f16): {len(halves)} tensors, "
+                         f"{sum(int(np.prod(t['shape'], dtype=np.int64)) for t in halves)} values")
         groups = {t["buffer"] for t in params if "offset" in t}
         if groups:
             lines.append(f"  parameter groups: {len(groups)} (a group's parameters share a buffer; the optimizer "
