@@ -80,11 +80,13 @@ def _quick_handoff(on: bool):
 
 
 class Blob:
-    """The safetensors encoding of name -> array (sorted by name) and its chunk checksums."""
+    """The safetensors encoding of name -> array (by item size, then name) and its chunk checksums."""
 
     def __init__(self, tensors: dict):
         header, offset, self.arrays = {}, 0, []
-        for name in sorted(tensors):
+        # 4-byte values first, f16 after them: every array then starts aligned to its values
+        # (safetensors allows no padding between arrays) and the runtime's views stay aligned
+        for name in sorted(tensors, key=lambda n: (-tensors[n].dtype.itemsize, n)):
             arr = tensors[name]
             assert arr.flags.c_contiguous, name
             dt = {np.dtype(np.float32): "F32", np.dtype(np.int32): "I32", np.dtype(np.float16): "F16"}[arr.dtype]

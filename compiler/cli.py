@@ -49,6 +49,9 @@ def cmd_compile(args) -> int:
     elif args.freeze:
         print("meganeura: --freeze only makes sense with --train", file=sys.stderr)
         return 2
+    if args.weights == "f16" and args.train and not args.freeze and not args.quiet:
+        print("meganeura: note: --weights f16 stores only weights that training does not update; with --train "
+              "and no --freeze every weight trains and stays f32", file=sys.stderr)
     step, close = _progress(6 if train else 4, args.quiet)
     try:
         step("import ONNX")

@@ -105,6 +105,11 @@ class _Bindings:
             return f"{name}_at({at})"
         return f"{name}[{at}]"
 
+    def element4(self, i, name: str, at: str) -> str:
+        """WGSL reading node `i`'s 4 values from 4 `at` (a vec4 index) from its binding `name`,
+        once as_vec4 has retyped it."""
+        return f"{name}_at4({at})" if self.half(i) else f"{name}[{at}]"
+
     def half(self, i) -> bool:
         return self.g.nodes[self.st(i)].dtype == "f16"
 

@@ -138,7 +138,8 @@ GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 12
              # 64- and 32-tiles: staging without a loop over a thread's tile entries (see _stage_small):
              # ResNet-50's 3x3 convolutions 4316 -> 4134 us, its step 32.3 -> 31.5 ms, DINOv2's 10.1 -> 9.4
              "straight_staging": True,
-             # convolutions read their weight (operand A) 4 k at a time where K is a multiple of 4
+             # convolutions read their weight (operand A) 4 k at a time where K is a multiple of 4:
+             # no faster in ResNet-50 (bench/REJECTED.md)
              "conv_vec4_weights": False}
 
 
@@ -175,8 +176,8 @@ def _staging(k_contiguous: bool, index: str, ks: int, groups: int) -> dict:
 
 
 def _vec4_common(common, decls, st, contract, modes, vec4) -> str:
-    """igemm_common with the vec4 operands' bindings retyped array<vec4<f32>>, their scalar
-    loaders stubbed out and load_a4 / load_b4 added."""
+    """igemm_common with the vec4 operands' bindings retyped (as_vec4: array<vec4<f32>>, or
+    array<vec2<u32>> for f16 weights), their scalar loaders stubbed out and load_a4 / load_b4 added."""
     if not any(modes):
         return common
     # (a convolution's operand A, its weight, lives in binding b: vec4 entries may name theirs)
@@ -197,6 +198,7 @@ def _stage_small(tg: int, k_contiguous, modes) -> dict:
     out = _stage_entry(tg, k_contiguous, modes)
     body = out.pop("STAGE_A") + "\n" + out.pop("STAGE_B")
     if GEMM_PLAN["straight_staging"]:
+        assert 16 % tg == 0, tg  # (entries tid + j TG^2 cover 16 TG exactly: no bound to check)
         out["STAGING"] = "\n".join(f"        {{\n            let e = tid + {j * tg * tg}u;\n{body}\n        }}"
                                    for j in range(-(-16 * tg // (tg * tg))))
     else:
@@ -247,7 +249,8 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     them read), the others to store() (the output, and an epilogue's inputs).
     `k_contiguous`: whether A and B are laid out along K in memory (how to stage them).
     `vec4`: per operand None, or (mode, body of load_a4(g, m, k) / load_b4(g, k, n) -> vec4,
-    reading a binding declared array<vec4<f32>>[, that binding's name when not the operand's]),
+    reading its binding as as_vec4 retypes it (bind.element4)[, that binding's name when not
+    the operand's]),
     used by every tile size (see _stage128, _stage_small).
     `conv`: the loads compute im2col windows (the plan steps K differently)."""
     tile, bk, split = gemm_plan(m, n, k, groups, conv)
@@ -384,7 +387,7 @@ def matmul(sched: Schedule, k: Kernel) -> KernelCode:
     half = [bind.half(base_of(g, i)) for i in n.inputs]  # f16 weights: 4 values per vec2<u32>
 
     def quad(op, at):
-        return f"{op}_at4({at})" if half["ab".index(op)] else f"{op}[{at}]"
+        return bind.element4(base_of(g, n.inputs["ab".index(op)]), op, at)
     if "a" not in names:
         pass  # computed by a prologue: nothing to read 16 bytes at a time
     elif sam == 1 and m_ % 4 == 0 and k_ > 0:
@@ -399,7 +402,9 @@ def matmul(sched: Schedule, k: Kernel) -> KernelCode:
         vec4[1] = ("k", off_b + f"\n    return {quad('b', f'(off + k + n * {sbn}u) / 4u')};")
     codes = igemm(bind, m_, n_, k_, batches, load_a, load_b, store, label, names, prelude,
                   k_contiguous=(sak == 1, sbk == 1), vec4=tuple(vec4), n_load=n_load, load_prelude=load_prelude)
-    if plain and sak == 1 and sbk == 1 and k_ % 4 == 0 and not any(half):  # both along K: the CPU's dot-product kernel
+    # both along K in memory: the CPU's dot-product kernel (f32 operands only: f16 weights take
+    # igemm_cpu, whose speed on CPU rasterisers with them is not measured)
+    if plain and sak == 1 and sbk == 1 and k_ % 4 == 0 and not any(half):
         first = codes[0] if isinstance(codes, list) else codes
         decls = as_vec4(first.gemm_decls, "ab")
         split, ks = _split_of(first.wgsl)

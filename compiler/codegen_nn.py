@@ -149,7 +149,7 @@ def _conv_with_input(sched, k, n, r, a, b, s, p, d, groups):
         vec4 = (None, None)
         if GEMM_PLAN["conv_vec4_weights"] and kk % 4 == 0:  # 4 k of one weight row, 16 bytes (8: f16) at a time
             at = f"((g * {og}u + m) * {kk}u + k) / 4u"
-            vec4 = (("k", f"    return {'b_at4(' + at + ')' if bind.half(weight) else 'b[' + at + ']'};", "b"), None)
+            vec4 = (("k", f"    return {bind.element4(weight, 'b', at)};", "b"), None)
         return igemm(bind, og, nb * ho * wo, kk, groups, load_a, load_b, store, label, names, prelude,
                      k_contiguous=(True, False), vec4=vec4, conv=True, n_load=n_load,
                      load_prelude=bool(prelude))  # weights [O, C/g * kh * kw]

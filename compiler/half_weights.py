@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ir import Graph, Node
-from .schedule import base_of
+from ..runtime.package import F16_MAX
+from .ir import Node
+from .schedule import base_of, readers_of
 
 # (op, input position) pairs whose kernels read a half-precision operand
 READS_HALF = {("matmul", 0), ("matmul", 1), ("conv2d", 1), ("conv_transpose2d", 1)}
-F16_MAX = 65504.0
+# a weight whose f16 copy is this far from it (norm of the difference over the norm) stays f32:
+# typical weights round to ~3e-4; values near f16's smallest normal (6.1e-5) or below round coarsely
+MAX_ROUNDING = 1e-3
 
 
 def half_weights(graphs) -> set:
@@ -28,17 +31,19 @@ def half_weights(graphs) -> set:
     graphs = list(graphs)
     names = {name for g in graphs for name in g.leaves("param")}
     for g in graphs:
-        users, live = _users_of(g), set(g.live_nodes())
+        users, live = g.users(), set(g.live_nodes())
         kept = {base_of(g, o) for o in list(g.outputs.values()) + list(g.assigns.values())}
-        trained = set(g.assigns)
+        names -= set(g.assigns)  # trained here
+        names -= {name for op in ("input", "state", "constant") for name in g.leaves(op)}  # another role here
         for name, i in g.leaves("param").items():
-            if name in trained or i in kept or not _only_gemm_reads(g, i, users, live):
+            readers = readers_of(g, i, users, live)
+            if i in kept or not readers or any((g.nodes[u].op, pos) not in READS_HALF for u, pos in readers):
                 names.discard(name)
     for name in list(names):
         for g in graphs:
             value = g.values.get(name)
-            if value is not None and np.abs(np.asarray(value)).max(initial=0.0) > F16_MAX:
-                names.discard(name)  # beyond f16's range: kept f32 rather than made infinite
+            if value is not None and not _rounds_well(np.asarray(value, np.float32)):
+                names.discard(name)
     for g in graphs:
         for name, i in g.leaves("param").items():
             if name in names:
@@ -47,27 +52,15 @@ def half_weights(graphs) -> set:
     return names
 
 
-def _only_gemm_reads(g: Graph, i: int, users: dict, live: set) -> bool:
-    """Is leaf `i` read, directly or through reshapes, by READS_HALF inputs only (and at all)?"""
-    stack, found = [i], False
-    while stack:
-        j = stack.pop()
-        for u in users.get(j, ()):
-            if u not in live:
-                continue
-            n = g.nodes[u]
-            if n.op == "reshape":
-                stack.append(u)
-            elif any((n.op, pos) not in READS_HALF for pos, x in enumerate(n.inputs) if x == j):
-                return False
-            else:
-                found = True
-    return found
+def as_half(value) -> np.ndarray:
+    """A weight as the package stores it in f16: the model's f32 value, rounded."""
+    return np.asarray(value, np.float32).astype(np.float16)
 
 
-def _users_of(g: Graph) -> dict:
-    out = {}
-    for u, n in enumerate(g.nodes):
-        for j in n.inputs:
-            out.setdefault(j, []).append(u)
-    return out
+def _rounds_well(w: np.ndarray) -> bool:
+    """Within f16's range (65504; beyond it, infinite), and rounded by at most MAX_ROUNDING."""
+    if not np.isfinite(w).all() or np.abs(w).max(initial=0.0) > F16_MAX:
+        return False
+    norm = float(np.linalg.norm(w.reshape(-1).astype(np.float64)))
+    err = float(np.linalg.norm((as_half(w).astype(np.float64) - w).reshape(-1)))
+    return err <= MAX_ROUNDING * norm

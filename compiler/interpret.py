@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .half_weights import as_half
 from .ir import Graph
 from .ops import OPS
 
@@ -36,8 +37,8 @@ def run_graph(graph: Graph, inputs: dict, dtype=np.float64, values: dict | None 
                 raise KeyError(f"no value for constant {name!r}")
             else:
                 raise KeyError(f"no value for parameter {name!r}")
-            if n.dtype == "f16":  # weights stored in half precision (half_weights.py): the values the GPU reads
-                v = v.astype(np.float16)
+            if n.dtype == "f16":  # weights stored in half precision: the values the GPU reads
+                v = as_half(v)
             v = v.astype(np.int32 if n.dtype == "i32" else fdt)
             if v.shape != n.shape:
                 raise ValueError(f"{n.op} {name!r} has shape {v.shape}, the graph says {n.shape}")

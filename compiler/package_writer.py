@@ -15,7 +15,9 @@ import numpy as np
 
 from . import arenas
 from . import blob as blobs  # (blobs.CHUNK read at write time: tests vary it)
+from ..runtime.package import DTYPES
 from .codegen import WG, KernelCode, generate, grid
+from .half_weights import as_half
 from .schedule import Schedule, base_of
 
 MAGIC = b"MNPK\r\n\x1a\n"
@@ -24,12 +26,10 @@ FORMAT_VERSION = 3
 ALIGN = 16
 
 
-ITEM_BYTES = {"f32": 4, "i32": 4, "f16": 2}
-NUMPY_TYPES = {"f32": np.float32, "i32": np.int32, "f16": np.float16}
 
 
 def nbytes(node) -> int:
-    return bytes_of(node.size, ITEM_BYTES[node.dtype])
+    return bytes_of(node.size, np.dtype(DTYPES[node.dtype]).itemsize)
 
 
 class PackageBuilder:
@@ -74,7 +74,8 @@ class PackageBuilder:
         if name in self.leaf_tensor:
             t = self.tensors[self.leaf_tensor[name]]
             if tuple(t["shape"]) != node.shape or t["dtype"] != node.dtype:
-                raise ValueError(f"{role} {name!r} has shape {node.shape} here, {t['shape']} elsewhere")
+                raise ValueError(f"{role} {name!r} is {node.dtype}{list(node.shape)} here, "
+                                 f"{t['dtype']}{t['shape']} elsewhere (role {t['role']})")
             return self.leaf_tensor[name]
         if name in self.leaf_place:
             arena, at = self.leaf_place[name]
@@ -94,7 +95,8 @@ class PackageBuilder:
     def _array(self, name, dtype, value):
         hit = self._arrays.get(name)
         if hit is None or hit[0] is not value or hit[1] != dtype:
-            hit = (value, dtype, np.ascontiguousarray(value, dtype=NUMPY_TYPES[dtype]))
+            stored = as_half(value) if dtype == "f16" else np.ascontiguousarray(value, dtype=DTYPES[dtype])
+            hit = (value, dtype, stored)
             self._arrays[name] = hit
         return hit[2]
 

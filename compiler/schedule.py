@@ -79,7 +79,7 @@ def schedule(graph: Graph) -> Schedule:
         n = nodes[i]
         if not is_elementwise(n.op) or i in pinned or n.op == "const":
             continue
-        readers = _readers(graph, i, users, live)
+        readers = readers_of(graph, i, users, live)
         ok = readers and all(is_elementwise(nodes[u].op) and flat_read(graph, u, p) for u, p in readers)
         cheap = len({u for u, _ in readers}) == 1 or _cheap(graph, i) or i in recompute
         if (ok and cheap) or _reduce_prologue(graph, i, readers, i in recompute) \
@@ -132,7 +132,7 @@ def schedule(graph: Graph) -> Schedule:
         if n.op == "transpose" and i not in views and i not in pinned and i not in inlined and len(n.shape) == 4 \
                 and tuple(n.attr("perm")) == (0, 2, 1, 3) and nodes[src].op in STRIDED_WRITES and src not in pinned \
                 and src not in written:
-            readers = _readers(graph, src, users, live)
+            readers = readers_of(graph, src, users, live)
             if all((u, p) == (i, 0) or p in STRIDED_READS.get(nodes[u].op, ()) for u, p in readers):
                 written[src] = i
     aliases = {**views, **{t: w for w, t in written.items()}}  # kernels reading these wait for the writer
@@ -317,7 +317,7 @@ def _keep_in_registers(graph, kernels, users, live, pinned):
             continue
         keep = []
         for r in ker.roots:
-            readers = _readers(graph, r, users, live)
+            readers = readers_of(graph, r, users, live)
             if r in pinned or not readers or any(owner.get(u) != {k} for u, _ in readers):
                 keep.append(r)
         if keep:
@@ -352,7 +352,7 @@ def _fuse_epilogues(graph, kernels, users, live, pinned):
         m = ker.roots[0]
         if m in pinned:
             continue
-        readers = _readers(graph, m, users, live)
+        readers = readers_of(graph, m, users, live)
         consumers = set().union(*(owner.get(u, {None}) for u, _ in readers))
         if len(consumers) != 1 or None in consumers:
             continue
@@ -406,7 +406,7 @@ def _gemm_prologue(graph, readers, sources, users, live) -> bool:
     every load."""
     for b in sources:
         if graph.nodes[b].op == "matmul" and all(
-                is_elementwise(graph.nodes[u].op) and flat_read(graph, u, p) for u, p in _readers(graph, b, users, live)):
+                is_elementwise(graph.nodes[u].op) and flat_read(graph, u, p) for u, p in readers_of(graph, b, users, live)):
             return False
     gemm = False
     for u, p in readers:
@@ -449,14 +449,14 @@ def _recomputable(graph, live, pinned) -> dict:
     return {i: big[i] for i in chain}
 
 
-def _readers(graph, i, users, live):
+def readers_of(graph, i, users, live):
     """(user, input position) for every live user, looking through reshapes."""
     out = []
     for u in users[i]:
         if u not in live:
             continue
         if graph.nodes[u].op == "reshape":
-            out.extend(_readers(graph, u, users, live))
+            out.extend(readers_of(graph, u, users, live))
         else:
             out.extend((u, p) for p, j in enumerate(graph.nodes[u].inputs) if j == i)
     return out

@@ -24,6 +24,7 @@ FORMAT_VERSION = 3
 MAX_MANIFEST = 256 << 20
 ROLES = ("input", "param", "state", "constant", "output")
 DTYPES = {"f32": np.float32, "i32": np.int32, "f16": np.float16}  # f16: parameters only (stored weights)
+F16_MAX = 65504.0  # half precision's largest finite value
 ACCESS = ("read", "read_write")
 READ_STEP = 64 << 20  # bytes per read task when loading a file
 OFFSET_ALIGN = 256  # byte offsets of tensors and bound ranges: WebGPU's largest minStorageBufferOffsetAlignment
@@ -149,7 +150,7 @@ class Package:
         lines.append(f"  parameters: {len(params)} tensors, {count} values")
         halves = [t for t in params if t["dtype"] == "f16"]
         if halves:
-            lines.append(f"  in half precision (f16): {len(halves)} tensors, "
+            lines.append(f"  in half precision (f16): {len(halves)} of them, "
                          f"{sum(int(np.prod(t['shape'], dtype=np.int64)) for t in halves)} values")
         groups = {t["buffer"] for t in params if "offset" in t}
         if groups:
@@ -206,7 +207,7 @@ def validate_manifest(m) -> None:
         if not isinstance(_key(t, "dtype", w), str) or t["dtype"] not in DTYPES:
             _fail(f"{w}.dtype: {t['dtype']!r:.40} is not one of {tuple(DTYPES)}")
         if t["dtype"] == "f16" and role != "param":
-            _fail(f"{w}.dtype: only parameters are stored in f16, not a {role}")
+            _fail(f"{w}.dtype: only parameters are stored in f16, not {role} tensors")
         shape = _list(_key(t, "shape", w), f"{w}.shape", 8)
         for d in shape:
             _int(d, f"{w}.shape", 0, 1 << 32)

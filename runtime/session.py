@@ -15,7 +15,7 @@ import numpy as np
 from .checkpoint import safetensors_bytes, write_atomic
 from .device import default_device, fresh_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
-from .package import DTYPES, Package, PackageError
+from .package import DTYPES, F16_MAX, Package, PackageError
 
 LOAD_THREADS = 16  # most threads per pool at load: pipelines (NVIDIA: ~15 ms of driver time each, cold), bind groups
 SKIPPED = "optimizer.skipped_steps"  # state counter of training steps rejected for NaN/inf
@@ -401,6 +401,7 @@ class Session:
         v = np.asarray(value)
         if list(v.shape) != list(t["shape"]):
             raise ValueError(f"{role} {name!r} has shape {t['shape']}, got {list(v.shape)}")
+        _fits(t, v)
         with self._gpu(f"writing {name}"):
             self._write(t, v)
 
@@ -448,19 +449,24 @@ class Session:
                 raise ValueError(f"weight {name!r} has shape {list(v.shape)}, the package needs {t['shape']}")
             if not np.isfinite(v).all():
                 raise ValueError(f"weight {name!r} holds NaN or infinity")
-            if t["dtype"] == "f16" and np.abs(v).max(initial=0.0) > 65504:
-                raise ValueError(f"weight {name!r} holds values beyond 65504, half precision's largest, and this "
-                                 "package stores it in half precision (compiled with f16 weights)")
+            _fits(t, v)
             checked[name] = (t, v)
         with self._gpu("loading weights"):
             for t, v in checked.values():  # all checked first: a bad file changes nothing
                 self._write(t, v)
 
 
+def _fits(t, v):
+    """Refuse values an f16 tensor cannot hold (beyond 65504 they would become infinite)."""
+    if t["dtype"] == "f16" and v.dtype != np.float16 and np.abs(v).max(initial=0.0) > F16_MAX:
+        raise ValueError(f"{t['role']} {t['name']!r} is stored in half precision (compiled with f16 weights) and "
+                         f"cannot hold values beyond {F16_MAX:g}")
+
+
 def _in_background(calls: dict):
-    """Start key -> (fn, *args) calls on up to LOAD_THREADS threads; returns finish(quiet=False)
-    -> key -> result, which waits for them and raises the error of the first call (in key
-    order) that failed; quiet: cancels what has not started and returns nothing. Drivers
+    """Start key -> (fn, *args) calls on up to LOAD_THREADS threads, in the dict's order; returns
+    finish(quiet=False) -> key -> result, which waits for them and raises the error of the first
+    call (in that order) that failed; quiet: cancels what has not started and returns nothing. Drivers
     compile pipelines on the calling thread and allow several at once (NVIDIA: ~15 ms each,
     cold; lavapipe, 2 cores: DINOv2's 118 kernels 0.40 -> 0.20 s on threads)."""
     workers = min(LOAD_THREADS, os.cpu_count() or 1)

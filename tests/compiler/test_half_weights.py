@@ -143,12 +143,55 @@ def test_training_with_frozen_half_weights(device_class, device):
         assert np.abs(s.read_tensor(name) - w[name] - step).max() / np.abs(step).max() < 1e-3, name
 
 
-def test_programs_share_half_weights(device):
-    """compile_programs: a weight only the inference program's GEMMs read is f16 there."""
+def test_programs_share_half_weights():
+    """compile_programs: a weight every program reads through GEMMs only is f16; one that
+    another program reads elementwise, or holds as a state, stays f32."""
     w = _weights(4)
-    infer = _model(w).build().graph
-    pkg = Package.from_bytes(compile_programs({"infer": infer}, weights="f16"))
-    assert {t["name"] for t in pkg.manifest["tensors"] if t["dtype"] == "f16"} == HALF
+    other = Builder()
+    x = other.input("features", (3, 7 * 36))
+    fc = other.param("fc.weight", w["fc.weight"])
+    left = other.param("left.weight", w["left.weight"])
+    other.output("y", other.linear(x, fc) + other.sum(left))  # fc: a matmul here too; left: read elementwise
+    other.output("z", other.state("mix.weight", w["mix.weight"].shape) * 2.0)  # a state of the same name
+    pkg = Package.from_bytes(compile_programs({"infer": _model(w).build().graph, "other": other.g}, weights="f16"))
+    assert {t["name"] for t in pkg.manifest["tensors"] if t["dtype"] == "f16"} == {"stem.weight", "fc.weight"}
+
+
+MATMULS = {  # (weight shape, input shape, weight on the left, trans): every way GEMMs read a weight
+    "split_k_along_k": ((50, 3000), (33, 3000), False, True),  # x @ w^T: 16-byte loads along K, split-K
+    "rows_of_4": ((24, 72), (40, 24), False, False),  # x @ w: 4 columns at a time
+    "left_128_tiles": ((2048, 16), (16, 2050), True, False),  # w @ x on 128-tiles, along K
+    "left_transposed": ((16, 2048), (16, 40), True, True),  # w^T @ x: 4 rows at a time
+    "odd_everything": ((7, 13), (5, 13), False, True),  # scalar loads, an odd count of f16 values
+}
+
+
+@pytest.mark.parametrize("name", sorted(MATMULS))
+@pytest.mark.parametrize("device_class", ["cpu", "gpu"])
+def test_matmul_shapes_with_half_weights(name, device_class, device):
+    ws, xs, left, trans = MATMULS[name]
+    rng = np.random.default_rng(9)
+    w, x = rng.standard_normal(ws) * 0.1, rng.standard_normal(xs)
+    b = Builder()
+    wp, xi = b.param("w", w), b.input("x", xs)
+    y = b.matmul(wp, xi, trans_a=trans) if left else b.matmul(xi, wp, trans_b=trans)
+    b.output("y", y)
+    pkg = Package.from_bytes(compile_model(b.build(), weights="f16"))
+    assert pkg.weights["w"].dtype == np.float16
+    got = Session(device, pkg, device_class=device_class).run("infer", {"x": x.astype(np.float32)})["y"]
+    h = _half(w).astype(np.float64)
+    h = h.T if trans else h
+    ref = h @ x if left else x @ h
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
+
+
+def test_tiny_weights_stay_f32():
+    """Weights near f16's smallest normal (6.1e-5) would round coarsely: they stay f32."""
+    w = _weights()
+    w["fc.weight"] = w["fc.weight"] * 1e-6
+    pkg = Package.from_bytes(compile_model(_model(w).build(), weights="f16"))
+    dtypes = {t["name"]: t["dtype"] for t in pkg.manifest["tensors"] if t["role"] == "param"}
+    assert dtypes["fc.weight"] == "f32" and dtypes["stem.weight"] == "f16"
 
 
 def test_load_weights_refuses_values_beyond_half_range(device, tmp_path):
@@ -158,9 +201,14 @@ def test_load_weights_refuses_values_beyond_half_range(device, tmp_path):
     bad["fc.weight"][1, 2] = 7e4
     with pytest.raises(ValueError, match="fc.weight.*65504"):
         s.set_weights(bad)
-    s.save_weights(tmp_path / "w.safetensors")
-    s.load_weights(tmp_path / "w.safetensors")  # saved f16 weights load back
+    with pytest.raises(ValueError, match="fc.weight.*65504"):
+        s.write_tensor("fc.weight", bad["fc.weight"], role="param")
+    s.save_weights(tmp_path / "w.safetensors")  # f16 tensors saved as F16
+    s.set_weights({"fc.weight": np.zeros_like(w["fc.weight"])}, strict=False)
+    assert not s.read_tensor("fc.weight").any()
+    s.load_weights(tmp_path / "w.safetensors")  # and loaded back
     np.testing.assert_array_equal(s.read_tensor("fc.weight"), _half(w["fc.weight"]))
+    assert s.read_tensor("fc.weight").dtype == np.float16
 
 
 def test_validator_allows_f16_for_parameters_only():

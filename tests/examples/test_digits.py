@@ -123,7 +123,7 @@ def test_cli_half_weights(built, tmp_path, capsys):
     assert main(["info", str(tmp_path / "h.mnpk")]) == 0
     text = capsys.readouterr().out
     assert "0.weight: f16[128, 64]" in text and "2.weight: f32" in text
-    assert "in half precision (f16): 1 tensors, 8192 values" in text
+    assert "in half precision (f16): 1 of them, 8192 values" in text
     session = Session(None, tmp_path / "h.mnpk")
     x = digits.load_data()[0][:64]
     import copy
