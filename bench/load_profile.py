@@ -3,7 +3,7 @@ Session's phases (buffers, weight upload, pipelines, bind groups), per workload,
 per-kernel pipeline times (made on LOAD_THREADS threads, beside the upload) and a second Session (the
 driver's shader cache warm). Random weights, no PyTorch.
 
-    python bench/load_profile.py [--only NAME ...] [--threads N ...] [--out DIR]
+    python bench/load_profile.py [--only NAME ...] [--threads N ...] [--upload-threads N] [--out DIR]
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--threads", nargs="*", type=int, default=[8])
+    ap.add_argument("--upload-threads", type=int, default=None, help="session.UPLOAD_THREADS (default: as set)")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
     from meganeura.compiler import compile_model
@@ -43,6 +44,8 @@ def main(argv=None):
     from meganeura.runtime.device import default_device
 
     dev = default_device()
+    if args.upload_threads is not None:
+        session_module.UPLOAD_THREADS = args.upload_threads
     originals = {k: getattr(Session, k) for k in ("_allocate", "_write", "_pipeline", "_bind_group")}
     rows = []
     for name, build, train in compile_times.workloads():
@@ -64,7 +67,8 @@ def main(argv=None):
                 t2 = time.perf_counter()
                 kernels = len(s.kernels)
                 per_kernel = sorted(acc.get("_pipeline", []))
-                row = {"workload": name, "threads": threads, "attempt": attempt,
+                row = {"workload": name, "threads": threads, "upload_threads": session_module.UPLOAD_THREADS,
+                       "attempt": attempt,
                        "package_mb": pkg.raw_size / 2**20, "kernels": kernels,
                        "dispatches": sum(len(p) for p in s.programs.values()),
                        "package_load_s": t1 - t, "session_s": t2 - t1,

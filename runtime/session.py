@@ -17,6 +17,7 @@ from .device import default_device, fresh_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
 from .package import DTYPES, F16_MAX, Package, PackageError
 
+UPLOAD_THREADS = 4  # threads writing the weights at load (each write copies into a staging buffer)
 LOAD_THREADS = 16  # most threads per pool at load: pipelines (NVIDIA: ~15 ms of driver time each, cold), bind groups
 SKIPPED = "optimizer.skipped_steps"  # state counter of training steps rejected for NaN/inf
 
@@ -84,9 +85,8 @@ class Session:
                     binds.setdefault(key, (self._bind_group, name, j, *key))
             groups = _in_background(binds)
             with self._gpu("uploading the weights"):
-                for t in self.tensors:
-                    if t["role"] in ("param", "state", "constant") and t["init"] == "blob":
-                        self._write(t, pkg.weights[t["name"]])
+                self._upload([t for t in self.tensors if t["role"] in ("param", "state", "constant")
+                              and t["init"] == "blob"], pkg.weights)
         except BaseException:
             for pending in (pipelines, groups):  # no thread outlives the constructor; the upload's error is the one to see
                 if pending is not None:
@@ -245,6 +245,13 @@ class Session:
             self._raise_if_lost(exc, "loading the package")
             raise PackageError(f"kernel {i} ({k.get('label', '')}) was rejected by the WGSL compiler: {exc}") from None
         return pipeline, bgl
+
+    def _upload(self, tensors, weights):
+        """Write `tensors`' weights, the largest first, on UPLOAD_THREADS threads: each write
+        copies into a fresh staging buffer of the driver's, and one thread copying did ~2 GB/s
+        (SD-1.5's 3.4 GB took most of its 1.6 s load)."""
+        order = sorted(tensors, key=lambda t: -weights[t["name"]].nbytes)
+        _in_background({i: (self._write, t, weights[t["name"]]) for i, t in enumerate(order)}, UPLOAD_THREADS)()
 
     def _write(self, t, value):
         arr = np.ascontiguousarray(value, dtype=DTYPES[t["dtype"]])
@@ -463,14 +470,16 @@ def _fits(t, v):
                          f"cannot hold values beyond {F16_MAX:g}")
 
 
-def _in_background(calls: dict):
-    """Start key -> (fn, *args) calls on up to LOAD_THREADS threads, in the dict's order; returns
-    finish(quiet=False) -> key -> result, which waits for them and raises the error of the first
-    call (in that order) that failed; quiet: cancels what has not started and returns nothing. Drivers
-    compile pipelines on the calling thread and allow several at once (NVIDIA: ~15 ms each,
-    cold; lavapipe, 2 cores: DINOv2's 118 kernels 0.40 -> 0.20 s on threads)."""
-    workers = min(LOAD_THREADS, os.cpu_count() or 1)
-    if workers <= 1 or len(calls) <= 8:
+def _in_background(calls: dict, threads: int | None = None):
+    """Start key -> (fn, *args) calls on up to `threads` threads (default: LOAD_THREADS, or this
+    one for 8 calls or fewer), in the dict's order; returns finish(quiet=False) -> key -> result,
+    which waits for them and raises the error of the first call (in that order) that failed;
+    quiet: cancels what has not started and returns nothing. Drivers compile pipelines on the
+    calling thread and allow several at once (NVIDIA: ~15 ms each, cold; lavapipe, 2 cores:
+    DINOv2's 118 kernels 0.40 -> 0.20 s on threads)."""
+    threads = threads if threads is not None else LOAD_THREADS if len(calls) > 8 else 1
+    workers = min(threads, os.cpu_count() or 1, len(calls))
+    if workers <= 1:
         return lambda quiet=False: {} if quiet else {key: fn(*args) for key, (fn, *args) in calls.items()}
     from concurrent.futures import ThreadPoolExecutor
 
