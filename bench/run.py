@@ -88,6 +88,18 @@ def _numpy(t):
     return t.detach().float().cpu().numpy()
 
 
+def _load_settings() -> dict:
+    """How Sessions load here: their thread counts, and whether the driver's shader cache
+    starts empty (a folder of its own in __GL_SHADER_DISK_CACHE_PATH, as on a first launch)."""
+    import os
+
+    from meganeura.runtime import session
+
+    cache = os.environ.get("__GL_SHADER_DISK_CACHE_PATH")
+    return {"load_threads": session.LOAD_THREADS, "upload_threads": session.UPLOAD_THREADS,
+            "shader_cache_empty_at_start": bool(cache) and os.path.isdir(cache) and not os.listdir(cache)}
+
+
 def _round_torch_weights(module, names) -> int:
     """Round `module`'s state-dict tensors named `names` to f16 and back, in place; how many."""
     import torch
@@ -263,7 +275,7 @@ def main(argv=None):
             "python": platform.python_version(), "features": sorted(device.features), "smoke": args.smoke,
             "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch,
             "gemm_prologues": args.gemm_prologues, "shader_checks": not args.no_shader_checks,
-            "weights": args.weights, **settings}
+            "weights": args.weights, **settings, **_load_settings()}
     rows = []
     out = Path(args.out)
     for name, spec in WORKLOADS.items():

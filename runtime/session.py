@@ -15,10 +15,12 @@ import numpy as np
 from .checkpoint import safetensors_bytes, write_atomic
 from .device import default_device, fresh_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
+from .native import unchecked_module
 from .package import DTYPES, F16_MAX, Package, PackageError
 
-# threads writing the weights at load (each write copies into a staging buffer of the driver's):
-# H200, warm loads, 1 / 4 / 8 threads: SD-1.5 1.74 / 1.33 / 1.21 s, SmolLM2 0.43 / 0.37 / 0.39 s
+# threads writing the weights at load (each write copies into a staging buffer of the driver's).
+# H200, 1 / 4 / 8 threads: SD-1.5 warm 1.74 / 1.33 / 1.21 s but cold 2.57 / 2.60 / 2.68 s (beside
+# the pipeline compiles), SmolLM2 cold 0.52 / 0.42 / 0.46 s, ResNet-50 cold 1.23 / 1.13 / 1.19 s
 UPLOAD_THREADS = 4
 LOAD_THREADS = 16  # most threads per pool at load: pipelines (NVIDIA: ~15 ms of driver time each, cold), bind groups
 SKIPPED = "optimizer.skipped_steps"  # state counter of training steps rejected for NaN/inf
@@ -181,6 +183,8 @@ class Session:
         except self._wgpu.GPUValidationError as exc:
             self._raise_if_lost(exc, what)
             raise
+        except self._wgpu.GPUOutOfMemoryError as exc:
+            raise GPUOutOfMemoryError(f"{what}: the GPU ran out of memory ({str(exc).strip()[:200]})") from None
 
     def _raise_if_lost(self, exc, what):
         if "device is lost" in str(exc) or "Device lost" in str(exc):
@@ -240,7 +244,7 @@ class Session:
         bgl, layout = self._layout(k)
         try:
             module = self.device.create_shader_module(code=k["wgsl"], label=k.get("label", "")) if self.shader_checks \
-                else _unchecked_module(self.device, k["wgsl"], k.get("label", ""))
+                else unchecked_module(self.device, k["wgsl"], k.get("label", ""))
             pipeline = self.device.create_compute_pipeline(
                 layout=layout, compute={"module": module, "entry_point": k["entry"]}, label=k.get("label", ""))
         except wgpu.GPUValidationError as exc:
@@ -488,8 +492,16 @@ def _in_background(calls: dict, threads: int | None = None):
     futures = {key: pool.submit(fn, *args) for key, (fn, *args) in calls.items()}
 
     def finish(quiet=False):
-        pool.shutdown(wait=True, cancel_futures=quiet)
-        return {} if quiet else {key: f.result() for key, f in futures.items()}
+        if quiet:
+            pool.shutdown(wait=True, cancel_futures=True)
+            return {}
+        try:  # in order; at the first error (or an interrupt) what has not started is cancelled
+            out = {key: f.result() for key, f in futures.items()}
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        return out
     return finish
 
 
@@ -534,35 +546,6 @@ def _variant(d: dict, device_class: str) -> dict:
     """A dispatch as `device_class` runs it: its variant's kernel and workgroups, if any."""
     v = d.get("variants", {}).get(device_class)
     return d if v is None else {**d, "kernel": v["kernel"], "workgroups": v["workgroups"]}
-
-
-def _unchecked_module(device, code: str, label: str):
-    """A shader module made by wgpu-native's wgpuDeviceCreateShaderModuleTrusted with no
-    runtime checks (wgpu-py 0.32 has no call for it)."""
-    try:
-        from wgpu.backends.wgpu_native._api import (
-            GPUShaderModule,
-            ffi,
-            lib,
-            libf,
-            new_struct_p,
-            to_c_string_view,
-        )
-    except ImportError:  # another wgpu-py layout: checked kernels, said once
-        import warnings
-
-        warnings.warn("shader_checks=False needs wgpu-py's wgpu_native backend; kernels keep their checks",
-                      stacklevel=2)
-        return device.create_shader_module(code=code, label=label)
-    source = new_struct_p("WGPUShaderSourceWGSL *", code=to_c_string_view(code))
-    source[0].chain.next = ffi.NULL
-    source[0].chain.sType = lib.WGPUSType_ShaderSourceWGSL
-    desc = new_struct_p("WGPUShaderModuleDescriptor *", nextInChain=ffi.cast("WGPUChainedStruct *", source),
-                        label=to_c_string_view(label))
-    handle = libf.wgpuDeviceCreateShaderModuleTrusted(device._internal, desc, 0)  # WGPUShaderRuntimeChecks_None
-    if handle == ffi.NULL:
-        raise RuntimeError(f"shader module {label!r} was not made")
-    return GPUShaderModule(label, handle, device)
 
 
 def _rows(inputs):

@@ -64,6 +64,11 @@ def test_which_weights_and_their_bytes():
     for name in HALF:
         assert half.weights[name].dtype == np.float16
         np.testing.assert_array_equal(half.weights[name], _half(w[name]))
+    # 4-byte arrays first in the blob: each array sits at a multiple of its item size from the
+    # blob's data, also after an odd count of f16 values (left.weight's 35)
+    f32 = {a.ctypes.data % 4 for a in half.weights.values() if a.dtype == np.float32}
+    assert len(f32) == 1 and w["left.weight"].size % 2
+
     def weight_bytes(pkg):
         return sum(a.nbytes for a in pkg.weights.values())
     assert weight_bytes(full) - weight_bytes(half) == sum(w[k].size for k in HALF) * 2
@@ -235,4 +240,20 @@ def test_convolution_reads_half_weights_16_bytes_at_a_time(device, monkeypatch):
     assert any("fn b_at4" in k["wgsl"] for k in pkg.manifest["kernels"])
     got = Session(device, pkg, device_class="gpu").run("infer", {"x": x.astype(np.float32)})["y"]
     ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(_half(w).astype(np.float64)), padding=1).numpy()
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
+
+
+def test_a_transposed_weight_is_stored_in_order(device):
+    """Importers hand over transposed views (ONNX's Gemm with transB=0): stored C-ordered."""
+    rng = np.random.default_rng(10)
+    w = rng.standard_normal((12, 6))
+    x = rng.standard_normal((3, 12))
+    b = Builder()
+    b.output("y", b.matmul(b.input("x", x.shape), b.param("w", w.T, frozen=True),
+                           trans_b=True))
+    pkg = Package.from_bytes(compile_model(b.build(), weights="f16"))
+    assert pkg.weights["w"].dtype == np.float16 and pkg.weights["w"].flags.c_contiguous
+    np.testing.assert_array_equal(pkg.weights["w"], _half(w.T))
+    got = Session(device, pkg).run("infer", {"x": x.astype(np.float32)})["y"]
+    ref = x @ _half(w).astype(np.float64)
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5

@@ -99,7 +99,7 @@ def test_package_bytes_layout():
     assert out[-32:] == hashlib.sha256(out[:8]).digest()
     (n,) = struct.unpack_from("<Q", blob_bytes)
     header = json.loads(blob_bytes[8:8 + n])
-    assert list(header) == ["a", "b"]  # sorted by name, data in the same order
+    assert list(header) == ["a", "b"]  # (4-byte arrays, by name), data in the same order
     data = blob_bytes[8 + n:]
     assert data == arrays["a"].tobytes() + arrays["b"].tobytes()
 

@@ -137,3 +137,47 @@ def test_a_failed_load_leaves_no_thread_behind(device, package, monkeypatch):
     with pytest.raises(GPUOutOfMemoryError):
         Session(FailingDevice(device, 3), package)
     assert not [t for t in threading.enumerate() if t.name.startswith("meganeura-load")]
+
+
+def test_a_device_lost_during_the_weight_upload(package, monkeypatch):
+    """The weights are written on threads: a device lost at the third write raises
+    DeviceLostError, the writes not yet started are cancelled, and no load thread is left."""
+    import threading
+
+    from meganeura.runtime import session as session_module
+
+    import time
+
+    monkeypatch.setattr(session_module, "UPLOAD_THREADS", 2)
+    rng = np.random.default_rng(1)
+    b = Builder()
+    h = b.input("x", (2, 4))
+    for i in range(20):  # 40 tensors to write
+        h = b.linear(h, b.param(f"l{i}.weight", rng.standard_normal((4, 4))), b.param(f"l{i}.bias", np.zeros(4)))
+    b.output("y", h)
+    many = Package.from_bytes(compile_model(b.build()))
+    own = wgpu.gpu.request_adapter_sync().request_device_sync()  # this one gets destroyed
+    writes, real = [], Session._write
+
+    def write(self, t, value):
+        writes.append(t["name"])
+        if len(writes) == 3:
+            own.destroy()
+        elif len(writes) > 3:
+            time.sleep(0.01)  # (slow writes: the cancellation, not a race, decides how many ran)
+        return real(self, t, value)
+
+    monkeypatch.setattr(Session, "_write", write)
+    with pytest.raises(DeviceLostError, match="uploading the weights"):
+        Session(own, many)
+    assert 3 <= len(writes) <= 6 < 40  # the writes in flight finished; the rest were cancelled
+    assert not [t for t in threading.enumerate() if t.name.startswith("meganeura-load")]
+
+
+def test_out_of_memory_while_writing_is_the_runtimes_error(device, package, monkeypatch):
+    def write(self, t, value):
+        raise wgpu.GPUOutOfMemoryError("Out of memory")
+
+    monkeypatch.setattr(Session, "_write", write)
+    with pytest.raises(GPUOutOfMemoryError, match="uploading the weights: the GPU ran out of memory"):
+        Session(device, package)

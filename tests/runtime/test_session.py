@@ -189,7 +189,7 @@ def test_kernels_without_shader_checks_compute_the_same(device, package):
         np.testing.assert_array_equal(a["loss"], b["loss"])
     x = rng.standard_normal((16, 12))
     np.testing.assert_array_equal(*(s.run("infer", {"x": x})["logits"] for s in sessions))
-    from meganeura.runtime.session import _unchecked_module
+    from meganeura.runtime.native import unchecked_module as _unchecked_module
 
     with pytest.raises(Exception, match="Validation"):
         _unchecked_module(device, "@compute @workgroup_size(1) fn main() { let x: u32 = 1.5; }", "bad")

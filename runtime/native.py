@@ -1,0 +1,31 @@
+"""Calls into wgpu-native that wgpu-py 0.32 does not offer."""
+from __future__ import annotations
+
+
+def unchecked_module(device, code: str, label: str):
+    """A shader module made by wgpu-native's wgpuDeviceCreateShaderModuleTrusted with no
+    runtime checks (wgpu-py 0.32 has no call for it)."""
+    try:
+        from wgpu.backends.wgpu_native._api import (
+            GPUShaderModule,
+            ffi,
+            lib,
+            libf,
+            new_struct_p,
+            to_c_string_view,
+        )
+    except ImportError:  # another wgpu-py layout: checked kernels, said once
+        import warnings
+
+        warnings.warn("shader_checks=False needs wgpu-py's wgpu_native backend; kernels keep their checks",
+                      stacklevel=2)
+        return device.create_shader_module(code=code, label=label)
+    source = new_struct_p("WGPUShaderSourceWGSL *", code=to_c_string_view(code))
+    source[0].chain.next = ffi.NULL
+    source[0].chain.sType = lib.WGPUSType_ShaderSourceWGSL
+    desc = new_struct_p("WGPUShaderModuleDescriptor *", nextInChain=ffi.cast("WGPUChainedStruct *", source),
+                        label=to_c_string_view(label))
+    handle = libf.wgpuDeviceCreateShaderModuleTrusted(device._internal, desc, 0)  # WGPUShaderRuntimeChecks_None
+    if handle == ffi.NULL:
+        raise RuntimeError(f"shader module {label!r} was not made")
+    return GPUShaderModule(label, handle, device)
