@@ -27,7 +27,7 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
 ]
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
 _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
-      "big_split": 0, "regs64": False, "straight_staging": False, "conv_vec4_weights": False}  # (each plan sets every key: plans run one after another)
+      "big_split": 0, "regs64": False, "straight_staging": False, "conv_vec4_weights": False, "double_buffer": False}  # (each plan sets every key: plans run one after another)
 _BIG = {"big_bk": 16, "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
 GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles only when M, N >= 128")
     "F": {**_F, **_BIG, "spread_a": False, "spread_b": False, "big_min_side": 0},
@@ -45,6 +45,10 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles 
                                                                   "big_min_side": 128, "conv_vec4_weights": True},
     "... both": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128, "straight_staging": True,
                  "conv_vec4_weights": True},
+    "straight staging (default)": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128,
+                                   "straight_staging": True},
+    "... and 128-tiles on two buffers, K step 8": {**_F, **_BIG, "spread_a": False, "spread_b": True,
+                                                  "big_min_side": 128, "straight_staging": True, "double_buffer": True},
 }
 ITERS = 100
 # attention backward (dQ, dK, dV of one attention): Whisper-tiny, DINOv2, SD-1.5's first level (self, cross)
@@ -193,7 +197,11 @@ def main(argv=None):
     ap.add_argument("--big-only", action="store_true", help="only the GEMMs on 128-tiles; no attention")
     ap.add_argument("--attention-backward-only", action="store_true", help="only the attention backward cases")
     ap.add_argument("--conv-only", action="store_true", help="only ResNet-50's 3x3 convolutions and their gradients")
+    ap.add_argument("--plans", nargs="*", help="only the GEMM plans whose names contain one of these")
     args = ap.parse_args(argv)
+    if args.plans:
+        for name in [n for n in GEMM_PLANS if not any(p in n for p in args.plans)]:
+            del GEMM_PLANS[name]
     global GEMMS, ATTENTIONS, ITERS
     if args.big_only:
         from meganeura.compiler.codegen_gemm import gemm_plan
@@ -203,6 +211,7 @@ def main(argv=None):
         GEMMS = [g for g in GEMMS if gemm_plan(g[1] if conv(g) else g[0], g[0] * g[2] ** 2 if conv(g) else g[2],
                                                g[1], 1, conv(g))[0] == 128]
         ATTENTIONS = []
+        ATTENTION_BACKWARDS[:] = []
     if args.attention_backward_only:
         GEMMS, ATTENTIONS = [], []
     if args.conv_only:

@@ -55,6 +55,8 @@ EXPERIMENTS = {
                          "64- and 32-tiles stage their entries in a loop (as before straight staging)"),
     "--conv-vec4-weights": ("codegen_gemm", ("GEMM_PLAN", "conv_vec4_weights"), True,
                             "convolutions read 4 k of a weight row at once"),
+    "--double-buffer": ("codegen_gemm", ("GEMM_PLAN", "double_buffer"), True,
+                        "128-tiles: K steps of 8 on two tile buffers, one barrier per step"),
     "--big-split": ("codegen_gemm", ("GEMM_PLAN", "big_split"), None,
                     "convolutions too few for 128-tiles split K over up to this many slices on them (0: 64-tiles)"),
     "--attention-fill": ("codegen_attention", ("ATTENTION_BWD_PLAN", "fill"), None,

@@ -46,8 +46,8 @@ def _inner128(bk: int, tg: int = 16) -> str:
     (al, ah), (bl, bh) = _halves128("a", GEMM_PLAN["spread_a"], tg), _halves128("b", GEMM_PLAN["spread_b"], tg)
     w = 2 * tg  # groups of 4 in a tile row
     return "\n".join(
-        f"        let a{kk}l = a_tile[{kk * w}u + {al}];\n        let a{kk}h = a_tile[{kk * w}u + {ah}];\n"
-        f"        let b{kk}l = b_tile[{kk * w}u + {bl}];\n        let b{kk}h = b_tile[{kk * w}u + {bh}];\n"
+        f"        let a{kk}l = a_tile[BUF{kk * w}u + {al}];\n        let a{kk}h = a_tile[BUF{kk * w}u + {ah}];\n"
+        f"        let b{kk}l = b_tile[BUF{kk * w}u + {bl}];\n        let b{kk}h = b_tile[BUF{kk * w}u + {bh}];\n"
         + "\n".join(f"        acc{r}l = acc{r}l + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}l;\n"
                     f"        acc{r}h = acc{r}h + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}h;" for r in range(8))
         for kk in range(bk))
@@ -82,7 +82,7 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16) -> dict:
                 index.append(f"    let {op}q{j} = {e} % {quads}u;\n    let {op}r{j} = {e} / {quads}u;")
                 at = (f"row0 + ar{j}, KB + aq{j} * 4u" if op == "a" else f"KB + bq{j} * 4u, col0 + br{j}")
                 load.append(f"p{op}{j} = load_{op}4(g, {at});")
-                store.append("\n".join(f"        {op}_tile[({op}q{j} * 4u + {c}u) * {w}u + {op}r{j} / 4u][{op}r{j} % 4u] = "
+                store.append("\n".join(f"        {op}_tile[BUF({op}q{j} * 4u + {c}u) * {w}u + {op}r{j} / 4u][{op}r{j} % 4u] = "
                                        f"p{op}{j}.{comp};" for c, comp in enumerate("xyzw")))
             continue
         st = _staging(contiguous and mode is None, "e", bk, w)
@@ -99,7 +99,7 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16) -> dict:
             else:
                 els = ", ".join(f"load_b(g, KB + bk{j}, col0 + bg{j} * 4u + {i}u)" for i in range(4))
                 load.append(f"p{op}{j} = vec4<f32>({els});")
-            store.append(f"        {op}_tile[{op}k{j} * {w}u + {op}g{j}] = p{op}{j};")
+            store.append(f"        {op}_tile[BUF{op}k{j} * {w}u + {op}g{j}] = p{op}{j};")
     decl = "\n".join(f"    var {line.replace('KB', 'k0')}" for line in load)
     if GEMM_PLAN["prefetch"]:
         nxt = "\n".join(["        if (k0 + BK < k_end) {  // the next tile's loads run while this one is multiplied"]
@@ -110,9 +110,23 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16) -> dict:
         nxt, first = "", "\n".join(f"    var {line.split(' = ')[0]}: vec4<f32>;" for line in load)
         store_tiles = "\n".join([f"        {line.replace('KB', 'k0')}" for line in load] + store)
         note = "each tile is loaded, then multiplied."
-    return dict(INDEX="\n".join(index), LOAD_FIRST=first, LOAD_NEXT=nxt, STORE_TILES=store_tiles,
-                STAGED=w * bk, BK=bk, INNER_LOOP=_inner128(bk, tg), PREFETCH_NOTE=note, TG=tg, TILE=8 * tg,
-                GROUPS=w, **out)
+    inner = _inner128(bk, tg)
+    if GEMM_PLAN["double_buffer"] and GEMM_PLAN["prefetch"]:
+        # two tile buffers: the next tile is stored into one while the other is multiplied, so one
+        # barrier per K step instead of two
+        note += " Two tile buffers, one barrier per K step."
+        body = [nxt, inner.replace("BUF", "buf + "), "        buf = STAGED - buf;",
+                "        if (k0 + BK < k_end) {", store_tiles.replace("BUF", "buf + "), "        }",
+                "        workgroupBarrier();"]
+        before = ["    var buf = 0u;", store_tiles.replace("BUF", ""), "    workgroupBarrier();"]
+        buffers, staged_all = "two buffers", 2 * w * bk
+    else:
+        body = [store_tiles.replace("BUF", ""), "        workgroupBarrier();", nxt, inner.replace("BUF", ""),
+                "        workgroupBarrier();"]
+        before, buffers, staged_all = [], "one buffer", w * bk
+    return dict(INDEX="\n".join(index), LOAD_FIRST=first, BEFORE_LOOP="\n".join(before), LOOP_BODY="\n".join(body),
+                STAGED=w * bk, STAGED_ALL=staged_all, BUFFERS=buffers, BK=bk, PREFETCH_NOTE=note, TG=tg,
+                TILE=8 * tg, GROUPS=w, **out)
 
 
 ACC128 = "\n".join(f"    var acc{r}{h} = vec4<f32>(0.0);" for r in range(8) for h in "lh")
@@ -140,7 +154,10 @@ GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 12
              "straight_staging": True,
              # convolutions read their weight (operand A) 4 k at a time where K is a multiple of 4:
              # no faster in ResNet-50 (bench/REJECTED.md)
-             "conv_vec4_weights": False}
+             "conv_vec4_weights": False,
+             # 128-tiles: K steps of 8 on two tile buffers (16 KiB of workgroup memory, as one buffer
+             # of 16), one barrier per step instead of two: 4096^3 3873 -> 4157 us (bench/REJECTED.md)
+             "double_buffer": False}
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
@@ -256,6 +273,8 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     tile, bk, split = gemm_plan(m, n, k, groups, conv)
     # 8x8 outputs per thread: 128-tiles, and 64-tiles too with GEMM_PLAN["regs64"]
     big = tile == 128 or (tile == 64 and GEMM_PLAN["regs64"])
+    if big and GEMM_PLAN["double_buffer"] and GEMM_PLAN["prefetch"]:
+        bk = 8
     tg = tile // 8 if big else tile // 4
     ks = -(-(-(-k // split)) // bk) * bk  # slice length, a multiple of the K step
     split = -(-k // ks)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import struct
 import threading
 import zlib
@@ -29,6 +30,20 @@ ACCESS = ("read", "read_write")
 READ_STEP = 64 << 20  # bytes per read task when loading a file
 OFFSET_ALIGN = 256  # byte offsets of tensors and bound ranges: WebGPU's largest minStorageBufferOffsetAlignment
 DEVICE_CLASSES = ("cpu", "gpu")  # kernel variants: CPU rasterisers (lavapipe) rank kernels differently
+
+
+_WORKGROUP_ARRAY = re.compile(
+    r"var<workgroup>\s*\w+\s*:\s*array<\s*(?:vec([234])<\s*[fiu]32\s*>|[fiu]32)\s*,\s*(\d+)u?\s*>")
+_WORKGROUP_ANY = re.compile(r"var<workgroup>")
+
+
+def workgroup_bytes(wgsl: str):
+    """Bytes of workgroup memory a kernel declares (arrays of 32-bit scalars or vectors; a
+    vec3 takes 16 bytes in an array), or None when it declares something else."""
+    found = _WORKGROUP_ARRAY.findall(wgsl)
+    if len(found) != len(_WORKGROUP_ANY.findall(wgsl)):
+        return None
+    return sum(int(n) * {"": 4, "2": 8, "3": 16, "4": 16}[v] for v, n in found)
 
 
 class PackageError(ValueError):

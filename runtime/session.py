@@ -16,7 +16,7 @@ from .checkpoint import safetensors_bytes, write_atomic
 from .device import default_device, fresh_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
 from .native import unchecked_module
-from .package import DTYPES, F16_MAX, Package, PackageError
+from .package import DTYPES, F16_MAX, Package, PackageError, workgroup_bytes
 
 # threads writing the weights at load (each write copies into a staging buffer of the driver's).
 # H200, 1 / 4 / 8 threads: SD-1.5 warm 1.74 / 1.33 / 1.21 s but cold 2.57 / 2.60 / 2.68 s (beside
@@ -72,6 +72,7 @@ class Session:
                          for d in (_variant(d, self.device_class) for d in p["dispatches"])]
                   for name, p in m["programs"].items()}
         used = {d["kernel"] for steps in chosen.values() for d, _ in steps}
+        self._check_workgroup_memory(m["kernels"], used)
         # the driver compiles pipelines, and makes bind groups, on threads while this one
         # uploads the weights
         todo = [(i, k) for i, k in enumerate(m["kernels"]) if i in used]
@@ -152,6 +153,17 @@ class Session:
                     if max(v["workgroups"]) > most:
                         raise PackageError(f"program {name} dispatch {j}: {v['workgroups']} workgroups; "
                                            f"this device allows {most} per dimension")
+
+    def _check_workgroup_memory(self, kernels, used):
+        """The kernels this device class runs against its workgroup memory (WebGPU's default is
+        16 KiB; the GPU variants of some attention gradients take 40 KiB): a clear error before
+        any GPU object, not a shader compile error."""
+        shared = self.device.limits.get("max-compute-workgroup-storage-size", 16384)
+        for i in sorted(used):
+            need = workgroup_bytes(kernels[i]["wgsl"])
+            if need is not None and need > shared:
+                raise PackageError(f"kernel {i} ({kernels[i].get('label', '')[:60]}) uses {need} bytes of workgroup "
+                                   f"memory; this device allows {shared} (max-compute-workgroup-storage-size)")
 
     def _allocate(self, sizes):
         wgpu = self._wgpu

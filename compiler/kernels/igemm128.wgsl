@@ -9,8 +9,10 @@
 // K advances BK at a time; {{PREFETCH_NOTE}}
 {{COMMON}}
 const BK: u32 = {{BK}}u;
-var<workgroup> a_tile: array<vec4<f32>, {{STAGED}}>;  // [BK k][{{GROUPS}} row groups of 4]
-var<workgroup> b_tile: array<vec4<f32>, {{STAGED}}>;  // [BK k][{{GROUPS}} col groups of 4]
+const STAGED: u32 = {{STAGED}}u;
+// {{BUFFERS}} of [BK k][{{GROUPS}} row (A) / column (B) groups of 4]
+var<workgroup> a_tile: array<vec4<f32>, {{STAGED_ALL}}>;
+var<workgroup> b_tile: array<vec4<f32>, {{STAGED_ALL}}>;
 
 @compute @workgroup_size({{TG}}, {{TG}})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -26,12 +28,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
 {{ACC_DECL}}
     var k0 = slice * KS;
 {{LOAD_FIRST}}
+{{BEFORE_LOOP}}
     for (; k0 < k_end; k0 = k0 + BK) {
-{{STORE_TILES}}
-        workgroupBarrier();
-{{LOAD_NEXT}}
-{{INNER_LOOP}}
-        workgroupBarrier();
+{{LOOP_BODY}}
     }
     let r = row0 + lid.y * {{ROW_STEP}}u;
     let c = col0 + lid.x * {{COL_STEP}}u;

@@ -193,3 +193,37 @@ def test_kernels_without_shader_checks_compute_the_same(device, package):
 
     with pytest.raises(Exception, match="Validation"):
         _unchecked_module(device, "@compute @workgroup_size(1) fn main() { let x: u32 = 1.5; }", "bad")
+
+
+def test_workgroup_memory_beyond_the_device_is_refused_by_name(device):
+    """A host's device may allow less workgroup memory than the kernels use (WebGPU's default
+    is 16 KiB): the kernels of the device's class are checked, and a smaller device gets a
+    clear PackageError before any GPU object is made, not a shader compile error."""
+    from meganeura.compiler import Builder, compile_model
+    from meganeura.runtime import Package, PackageError, Session
+    from meganeura.runtime.package import workgroup_bytes
+
+    b = Builder()
+    b.output("c", b.matmul(b.input("a", (300, 64)), b.input("b", (64, 300))))
+    pkg = Package.from_bytes(compile_model(b.build()))
+    need = max(workgroup_bytes(k["wgsl"]) or 0 for k in pkg.manifest["kernels"] if "(cpu)" not in k["label"])
+    assert need >= 4096
+
+    class SmallDevice:
+        def __init__(self, device):
+            self._device = device
+            self.limits = {**device.limits, "max-compute-workgroup-storage-size": need // 2}
+
+        def create_buffer(self, **kw):
+            raise AssertionError("no buffer before the checks")
+
+        def create_bind_group_layout(self, **kw):
+            raise AssertionError("no layout before the checks")
+
+        def __getattr__(self, name):
+            return getattr(self._device, name)
+
+    with pytest.raises(PackageError, match=r"bytes of workgroup memory; this device allows"):
+        Session(SmallDevice(device), pkg, device_class="gpu")
+    assert workgroup_bytes("var<workgroup> x: array<vec3<f32>, 10>; var<workgroup> y: f32;") is None
+    assert workgroup_bytes("var<workgroup> x: array<vec3<f32>, 10>; var<workgroup> y: array<u32, 3u>;") == 172
