@@ -202,6 +202,8 @@ def main(argv=None):
     if args.plans:
         for name in [n for n in GEMM_PLANS if not any(p in n for p in args.plans)]:
             del GEMM_PLANS[name]
+        if not GEMM_PLANS:
+            ap.error(f"no GEMM plan's name contains any of {args.plans}")
     global GEMMS, ATTENTIONS, ITERS
     if args.big_only:
         from meganeura.compiler.codegen_gemm import gemm_plan

@@ -32,18 +32,36 @@ OFFSET_ALIGN = 256  # byte offsets of tensors and bound ranges: WebGPU's largest
 DEVICE_CLASSES = ("cpu", "gpu")  # kernel variants: CPU rasterisers (lavapipe) rank kernels differently
 
 
-_WORKGROUP_ARRAY = re.compile(
-    r"var<workgroup>\s*\w+\s*:\s*array<\s*(?:vec([234])<\s*[fiu]32\s*>|[fiu]32)\s*,\s*(\d+)u?\s*>")
-_WORKGROUP_ANY = re.compile(r"var<workgroup>")
+_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_WORKGROUP_VARS = re.compile(r"\bvar\s*<\s*workgroup\b[^>]*>\s*\w+\s*:\s*([^;]*);")
+_ARRAY = re.compile(r"array\s*<\s*(.+?)\s*,\s*(0[xX][0-9a-fA-F]+|\d+)[iu]?\s*>")
+_VECTOR = re.compile(r"vec([234])\s*(?:<\s*([fiu]32|f16)\s*>|([fiuh]))")
+_SCALAR_BYTES = {"f32": 4, "i32": 4, "u32": 4, "f16": 2, "f": 4, "i": 4, "u": 4, "h": 2}
 
 
 def workgroup_bytes(wgsl: str):
-    """Bytes of workgroup memory a kernel declares (arrays of 32-bit scalars or vectors; a
-    vec3 takes 16 bytes in an array), or None when it declares something else."""
-    found = _WORKGROUP_ARRAY.findall(wgsl)
-    if len(found) != len(_WORKGROUP_ANY.findall(wgsl)):
-        return None
-    return sum(int(n) * {"": 4, "2": 8, "3": 16, "4": 16}[v] for v, n in found)
+    """Bytes of workgroup memory a kernel declares, as WebGPU counts them (each variable rounded
+    up to 16), or None when a declaration is of a type this does not size (arrays of scalars
+    or vectors with a literal length, scalars, vectors are sized; the compiler emits only those)."""
+    code = _COMMENTS.sub(" ", wgsl)
+    total = 0
+    for ty in _WORKGROUP_VARS.findall(code):
+        count, elem = 1, ty.strip()
+        array = _ARRAY.fullmatch(elem)
+        if array:
+            elem, count = array.group(1).strip(), int(array.group(2), 0)
+        vector = _VECTOR.fullmatch(elem)
+        if vector:
+            n, item = int(vector.group(1)), _SCALAR_BYTES[vector.group(2) or vector.group(3)]
+            size = item * (4 if n == 3 else n)  # (a vec3 is aligned as a vec4)
+        elif elem in _SCALAR_BYTES and len(elem) == 3:
+            size = _SCALAR_BYTES[elem]
+        else:
+            return None
+        total += -(-size * count // 16) * 16
+    if len(re.findall(r"\bvar\s*<\s*workgroup\b", code)) != len(_WORKGROUP_VARS.findall(code)):
+        return None  # a declaration the pattern did not read whole
+    return total
 
 
 class PackageError(ValueError):

@@ -250,3 +250,24 @@ def test_small_attentions_keep_their_scores_in_memory(device, monkeypatch):
     assert "attention_grad" not in ops_of((1, 6, 257, 64))  # 1.6 MB
     assert "attention_grad" in ops_of((1, 6, 1500, 64), 200 << 20)  # over a quarter of 200 MB of weights
     assert "attention_grad" not in ops_of((1, 6, 1500, 64), 240 << 20)  # under a quarter of 240 MB
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_kernel_declares_workgroup_memory_the_runtime_can_size(name):
+    """The runtime checks each kernel's workgroup memory against the device (wgpu 0.32 does
+    not): every kernel the compiler emits, GPU and CPU variants, must be sized, within the
+    fused gradients' 32 KiB budget, and the forward's 256 bytes per head-dim column."""
+    from meganeura.runtime.package import workgroup_bytes
+
+    qs, ks, at = CASES[name]
+    b = Builder()
+    ins = {"q": b.input("q", qs), "k": b.input("k", ks), "v": b.input("v", ks)}
+    o = b.attention(ins["q"], ins["k"], ins["v"], **at)
+    grads = gradients(b.e, b.sum(o * b.input("ct", o.shape)).id, [ins[n].id for n in "qkv"])
+    b.output("o", o)
+    b.g.outputs.update({f"g{n}": grads[ins[n].id] for n in "qkv"})
+    kernels = Package.from_bytes(compile_graph(b.g)).manifest["kernels"]
+    sizes = {k["label"]: workgroup_bytes(k["wgsl"]) for k in kernels}
+    assert None not in sizes.values(), sizes
+    assert all(v <= 32768 for lab, v in sizes.items() if lab.startswith(("attention_dq", "attention_dkv"))), sizes
+    assert all(v <= 256 * qs[-1] + 1024 for lab, v in sizes.items() if lab == "attention"), sizes

@@ -223,7 +223,21 @@ def test_workgroup_memory_beyond_the_device_is_refused_by_name(device):
         def __getattr__(self, name):
             return getattr(self._device, name)
 
-    with pytest.raises(PackageError, match=r"bytes of workgroup memory; this device allows"):
+    with pytest.raises(PackageError, match=r"bytes of workgroup memory; this device allows .*required_limits"):
         Session(SmallDevice(device), pkg, device_class="gpu")
-    assert workgroup_bytes("var<workgroup> x: array<vec3<f32>, 10>; var<workgroup> y: f32;") is None
-    assert workgroup_bytes("var<workgroup> x: array<vec3<f32>, 10>; var<workgroup> y: array<u32, 3u>;") == 172
+    # sized as WebGPU does (each variable rounded up to 16 bytes), however it is spelled
+    assert workgroup_bytes("var<workgroup> x: array<vec3<f32>, 10>; var<workgroup> y: array<u32, 3u>;") == 176
+    assert workgroup_bytes("var <workgroup> t: array<f32, 1000000>;") == 4_000_000
+    assert workgroup_bytes("var< workgroup > t : array< vec4f , 0x10 >; var<workgroup> s: f32;") == 272
+    assert workgroup_bytes("// var<workgroup> x: array<f32, 1>;\nvar<workgroup>t:array<f32,1000>;") == 4000
+    for unsized in ("const N = 99999u; var<workgroup> t: array<f32, N>;", "alias A = array<f32, 4>; var<workgroup> t: A;",
+                    "var<workgroup> t: array<atomic<u32>, 8>;"):
+        assert workgroup_bytes(unsized) is None, unsized
+    with pytest.raises(PackageError, match="cannot size"):
+        Session(device, Package(_with_kernel_text(pkg.manifest, "var<workgroup> t: array<f32, N>;"), pkg.weights),
+                device_class="gpu")
+
+
+def _with_kernel_text(manifest, extra):
+    """The manifest with `extra` WGSL appended to every kernel (a hostile package's)."""
+    return dict(manifest, kernels=[dict(k, wgsl=k["wgsl"] + "\n" + extra) for k in manifest["kernels"]])
