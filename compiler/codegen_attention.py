@@ -32,6 +32,10 @@ def _bind_strided(sched: Schedule, bind: _Bindings, i: int) -> tuple:
 # 256 workgroups, 301 at 1,024, but the partial softmaxes then took Whisper-tiny's training
 # step from 267.6 to 277.0 MB, over PyTorch's 268.7: 512 keeps it at 267.9)
 ATTENTION_PLAN = {"min_split_keys": 32, "fill": 512, "min_keys": 64}
+# the forward kernel's key and value tiles take at most this much workgroup memory: tiles of 32
+# keys up to 128-wide heads, fewer keys past that (SD-1.5's 160-wide heads: 25), so that devices
+# allowing 32 KiB (lavapipe, Apple) run every model; 48 KiB devices would take 38
+SHARED_BUDGET = 32768
 
 
 def attention(sched: Schedule, k: Kernel) -> KernelCode:
@@ -98,6 +102,8 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
                   QSB=qsb, QSH=qsh, QST=qst, KSB=ksb, KSH=ksh, KST=kst, VSB=vsb, VSH=vsh, VST=vst,
                   CAUSAL="true" if n.attr("causal") else "false", Q_LOAD=q_load, ACC_DECL=acc, STORE=store)
 
+    tile = max(1, min(32, SHARED_BUDGET // (2 * 16 * dv4)))  # keys per staged tile: k and v, 16 bytes a vec4
+
     def body(shared: bool):
         key = (lambda c: f"k_tile[jj * {dv4}u + {c}u]") if shared else (lambda c: f"k4(k_base, j, {c}u)")
         val = (lambda c: f"v_tile[jj * {dv4}u + {c}u]") if shared else (lambda c: f"v4(v_base, j, {c}u)")
@@ -113,7 +119,8 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
                 "        }", "        workgroupBarrier();"])
         return dict(SCORE=score, ACC_UPDATE=update, STAGE=stage,
                     STAGE_END="        workgroupBarrier();" if shared else "",
-                    SHARED="shared" if shared else "not shared", TILE_VEC4=32 * dv4 if shared else 1)
+                    SHARED="shared" if shared else "not shared", TILE_VEC4=tile * dv4 if shared else 1,
+                    TILE=tile if shared else 32)
 
     wgsl = render("attention", **common, **body(True))
     groups = (-(-s // 64), b * h, split)

@@ -1,6 +1,6 @@
 // Fused attention forward: softmax(q k^T * scale + causal mask) v for one query row per
 // thread, with an online softmax, so the [tokens x tokens] scores never exist in memory.
-// A workgroup's 64 query rows share each tile of 32 keys and values staged in workgroup
+// A workgroup's 64 query rows share each tile of TILE keys and values staged in workgroup
 // memory ({{SHARED}}: CPU rasterisers read them straight from memory instead).
 // q [B, H, S, D], k and v [B, HK, T, D] (grouped-query: query head h reads kv head h / REP),
 // out [B, H, S, D]; D = 4 * DV4.
@@ -14,7 +14,7 @@ const REP: u32 = {{REP}}u;
 const DV4: u32 = {{DV4}}u;
 const SCALE: f32 = {{SCALE}};
 const CAUSAL: bool = {{CAUSAL}};
-const TILE: u32 = 32u;
+const TILE: u32 = {{TILE}}u;  // 32, or fewer for wide heads (codegen_attention.SHARED_BUDGET)
 const SPLIT: u32 = {{SPLIT}}u;  // keys cut into SPLIT ranges of KL, merged by a second kernel
 const KL: u32 = {{KL}}u;
 

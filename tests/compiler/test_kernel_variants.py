@@ -248,6 +248,30 @@ def test_fused_attention_both_variants(causal, device_class, device):
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
 
 
+@pytest.mark.parametrize("d", [128, 160])
+def test_wide_heads_stage_fewer_keys(d, device):
+    """Heads wider than 128 stage fewer than 32 keys per tile, so that the forward kernel's
+    workgroup memory stays within 32 KiB (160: 25 keys, 32,000 bytes; it would take 40 KiB);
+    the GPU kernel against torch, keys spanning several tiles."""
+    import torch
+
+    from meganeura.runtime.package import workgroup_bytes
+
+    rng = np.random.default_rng(9)
+    shapes = {"q": (1, 2, 70, d), "k": (1, 2, 60, d), "v": (1, 2, 60, d)}
+    b = Builder()
+    ins = {n: b.input(n, s) for n, s in shapes.items()}
+    b.output("o", b.attention(ins["q"], ins["k"], ins["v"]))
+    pkg = Package.from_bytes(compile_model(b.build()))
+    fwd = next(k["wgsl"] for k in pkg.manifest["kernels"] if k["label"] == "attention")
+    assert workgroup_bytes(fwd) == (32768 if d == 128 else 32000)
+    assert f"const TILE: u32 = {32 if d == 128 else 25}u;" in fwd
+    vals = {n: rng.standard_normal(s) for n, s in shapes.items()}
+    got = Session(device, pkg, device_class="gpu").run("infer", vals)["o"]
+    ref = torch.nn.functional.scaled_dot_product_attention(*(torch.tensor(vals[n]) for n in "qkv")).numpy()
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("device_class", ["cpu", "gpu"])
 def test_fused_attention_with_split_keys(causal, device_class, device):
