@@ -101,9 +101,7 @@ class _Bindings:
 
     def element(self, i, name: str, at: str) -> str:
         """WGSL reading node `i`'s element `at` from its binding `name` as f32."""
-        if self.g.nodes[self.st(i)].dtype == "f16":
-            return f"{name}_at({at})"
-        return f"{name}[{at}]"
+        return f"{name}_at({at})" if self.half(i) else f"{name}[{at}]"
 
     def element4(self, i, name: str, at: str) -> str:
         """WGSL reading node `i`'s 4 values from 4 `at` (a vec4 index) from its binding `name`,

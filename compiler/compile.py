@@ -37,11 +37,12 @@ def _without_cyclic_gc(fn):
 WEIGHT_TYPES = ("f32", "f16")
 
 
-def _weights_as(graphs, weights: str) -> list:
+def _weights_as(graphs, weights: str) -> None:
     """Store the weights that `weights` allows in half precision (half_weights.py)."""
     if weights not in WEIGHT_TYPES:
         raise ValueError(f"weights must be one of {WEIGHT_TYPES}, not {weights!r}")
-    return sorted(half_weights(graphs)) if weights == "f16" else []
+    if weights == "f16":
+        half_weights(graphs)
 
 
 @_without_cyclic_gc

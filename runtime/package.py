@@ -33,7 +33,8 @@ DEVICE_CLASSES = ("cpu", "gpu")  # kernel variants: CPU rasterisers (lavapipe) r
 
 
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
-_WORKGROUP_VARS = re.compile(r"\bvar\s*<\s*workgroup\b[^>]*>\s*\w+\s*:\s*([^;]*);")
+_ADDRESS_SPACE = re.compile(r"workgroup(?!\w)")  # (a literal first: a fast scan of long kernels)
+_DECLARED = re.compile(r"\s*>\s*\w+\s*:\s*([^;]*);")  # after `var<workgroup`: the variable and its type
 _ARRAY = re.compile(r"array\s*<\s*(.+?)\s*,\s*(0[xX][0-9a-fA-F]+|\d+)[iu]?\s*>")
 _VECTOR = re.compile(r"vec([234])\s*(?:<\s*([fiu]32|f16)\s*>|([fiuh]))")
 _SCALAR_BYTES = {"f32": 4, "i32": 4, "u32": 4, "f16": 2, "f": 4, "i": 4, "u": 4, "h": 2}
@@ -45,23 +46,51 @@ def workgroup_bytes(wgsl: str):
     or vectors with a literal length, scalars, vectors are sized; the compiler emits only those)."""
     code = _COMMENTS.sub(" ", wgsl)
     total = 0
-    for ty in _WORKGROUP_VARS.findall(code):
-        count, elem = 1, ty.strip()
-        array = _ARRAY.fullmatch(elem)
-        if array:
-            elem, count = array.group(1).strip(), int(array.group(2), 0)
-        vector = _VECTOR.fullmatch(elem)
-        if vector:
-            n, item = int(vector.group(1)), _SCALAR_BYTES[vector.group(2) or vector.group(3)]
-            size = item * (4 if n == 3 else n)  # (a vec3 is aligned as a vec4)
-        elif elem in _SCALAR_BYTES and len(elem) == 3:
-            size = _SCALAR_BYTES[elem]
-        else:
+    for m in _ADDRESS_SPACE.finditer(code):
+        if _word_before(code, m.start()) != "<":
+            continue  # part of a longer name, or not an address space
+        # `var<workgroup> x: T;` declares memory; `ptr<workgroup, T>` points into it
+        owner = _word_before(code, _skip_back(code, m.start()) - 1)
+        if owner == "ptr":
+            continue
+        decl = _DECLARED.match(code, m.end()) if owner == "var" else None
+        size = _type_bytes(decl.group(1).strip()) if decl else None
+        if size is None:
             return None
-        total += -(-size * count // 16) * 16
-    if len(re.findall(r"\bvar\s*<\s*workgroup\b", code)) != len(_WORKGROUP_VARS.findall(code)):
-        return None  # a declaration the pattern did not read whole
+        total += -(-size // 16) * 16
     return total
+
+
+def _skip_back(code: str, i: int) -> int:
+    """The index just after the last non-space character before `i`."""
+    while i > 0 and code[i - 1].isspace():
+        i -= 1
+    return i
+
+
+def _word_before(code: str, i: int):
+    """The token that ends just before `i` (spaces skipped): an identifier, or one character."""
+    j = _skip_back(code, i)
+    if j == 0:
+        return None
+    k = j
+    while k > 0 and (code[k - 1].isalnum() or code[k - 1] == "_"):
+        k -= 1
+    return code[k:j] if k < j else code[j - 1]
+
+
+def _type_bytes(ty: str):
+    count, elem = 1, ty
+    array = _ARRAY.fullmatch(elem)
+    if array:
+        elem, count = array.group(1).strip(), int(array.group(2), 0)
+    vector = _VECTOR.fullmatch(elem)
+    if vector:
+        n, item = int(vector.group(1)), _SCALAR_BYTES[vector.group(2) or vector.group(3)]
+        return count * item * (4 if n == 3 else n)  # (a vec3 is aligned as a vec4)
+    if elem in _SCALAR_BYTES and len(elem) == 3:
+        return count * _SCALAR_BYTES[elem]
+    return None
 
 
 class PackageError(ValueError):

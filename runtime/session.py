@@ -157,7 +157,7 @@ class Session:
     def _check_workgroup_memory(self, kernels, used):
         """The kernels this device class runs against its workgroup memory, before any GPU object:
         wgpu 0.32 does not check it when it makes a pipeline (WebGPU's default limit is 16 KiB;
-        GEMM tiles take 16, fused attention up to 32 with 64-wide heads, 40 with 160-wide)."""
+        GEMM tiles take 16, fused attention up to 32)."""
         shared = self.device.limits.get("max-compute-workgroup-storage-size", 16384)
         for i in sorted(used):
             label = kernels[i].get("label", "")[:60]

@@ -74,6 +74,17 @@ def _conv_with_gradients(xs, ws, stride, seed, w_scale=1.0):
     return b.build(), vals, {"y": ty.detach().numpy(), "gx": tx.grad.numpy(), "gw": tw.grad.numpy()}
 
 
+def _matmul_case(sa, sb, ta=False, tb=False, seed=0):
+    """A one-matmul model, its inputs and numpy's answer."""
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    b.output("c", b.matmul(b.input("a", sa), b.input("b", sb), trans_a=ta, trans_b=tb))
+    vals = {"a": rng.standard_normal(sa), "b": rng.standard_normal(sb)}
+    refs = {"c": np.matmul(np.swapaxes(vals["a"], -1, -2) if ta else vals["a"],
+                           np.swapaxes(vals["b"], -1, -2) if tb else vals["b"])}
+    return b.build(), vals, refs
+
+
 def _assert_close(got, refs, tol=1e-4):
     for k, ref in refs.items():
         assert np.abs(got[k] - ref).max() / np.abs(ref).max() < tol, k
@@ -97,15 +108,9 @@ def test_64_tiles_with_8x8_outputs_per_thread(case, device, monkeypatch):
     if case == "conv_grads":
         model, vals, refs = _conv_with_gradients((2, 16, 10, 10), (70, 16, 3, 3), 1, seed=5, w_scale=0.2)
     else:
-        rng = np.random.default_rng(5)
-        b = Builder()
         sa, sb, ta = {"whole": ((1040, 40), (40, 1040), False), "split_k": ((100, 700), (700, 90), False),
                       "transposed_vec4": ((700, 100), (700, 92), True)}[case]
-        a_in, b_in = b.input("a", sa), b.input("b", sb)
-        b.output("c", b.matmul(a_in, b_in, trans_a=ta))
-        vals = {"a": rng.standard_normal(sa), "b": rng.standard_normal(sb)}
-        refs = {"c": (vals["a"].T if ta else vals["a"]) @ vals["b"]}
-        model = b.build()
+        model, vals, refs = _matmul_case(sa, sb, ta, seed=5)
     pkg = Package.from_bytes(compile_model(model))
     regs = [k for k in pkg.manifest["kernels"] if "register-blocked" in k["wgsl"] and "@workgroup_size(8, 8)" in k["wgsl"]]
     assert regs, [k["label"] for k in pkg.manifest["kernels"]]
@@ -124,13 +129,7 @@ def test_staging_with_and_without_a_loop(case, straight, device, monkeypatch):
     if case == "conv_grads":
         model, vals, refs = _conv_with_gradients((2, 16, 10, 10), (70, 16, 3, 3), 1, seed=6, w_scale=0.2)
     else:
-        rng = np.random.default_rng(6)
-        b = Builder()
-        a_in, b_in = b.input("a", (33, 300)), b.input("b", (300, 70))
-        b.output("c", b.matmul(a_in, b_in))
-        vals = {"a": rng.standard_normal((33, 300)), "b": rng.standard_normal((300, 70))}
-        refs = {"c": vals["a"] @ vals["b"]}
-        model = b.build()
+        model, vals, refs = _matmul_case((33, 300), (300, 70), seed=6)
     pkg = Package.from_bytes(compile_model(model))
     assert any("let e = tid + 0u;" in k["wgsl"] for k in pkg.manifest["kernels"]) == straight
     assert any("for (var e = tid;" in k["wgsl"] for k in pkg.manifest["kernels"]) == (not straight)
@@ -166,14 +165,7 @@ def test_128_tiles_on_two_buffers(case, device, monkeypatch):
     if case == "conv_grads":
         model, vals, refs = _conv_with_gradients((4, 16, 64, 64), (256, 16, 3, 3), 1, seed=8, w_scale=0.2)
     else:
-        sa, sb, ta, tb = CASES[case]
-        rng = np.random.default_rng(8)
-        b = Builder()
-        b.output("c", b.matmul(b.input("a", sa), b.input("b", sb), trans_a=ta, trans_b=tb))
-        vals = {"a": rng.standard_normal(sa), "b": rng.standard_normal(sb)}
-        refs = {"c": np.matmul(np.swapaxes(vals["a"], -1, -2) if ta else vals["a"],
-                               np.swapaxes(vals["b"], -1, -2) if tb else vals["b"])}
-        model = b.build()
+        model, vals, refs = _matmul_case(*CASES[case], seed=8)
     pkg = Package.from_bytes(compile_model(model))
     doubled = {k["label"] for k in pkg.manifest["kernels"] if "Two tile buffers" in k["wgsl"]}
     assert doubled == ({"conv2d"} if case == "conv_grads" else {"matmul"}), doubled
