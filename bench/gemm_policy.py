@@ -27,7 +27,8 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
 ]
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
 _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
-      "big_split": 0, "regs64": False, "straight_staging": False, "conv_vec4_weights": False, "double_buffer": False}  # (each plan sets every key: plans run one after another)
+      "big_split": 0, "regs64": False, "straight_staging": False, "conv_vec4_weights": False, "double_buffer": False,
+      "warp_rows": 2, "warp_rows_small": 2}  # (each plan sets every key: plans run one after another)
 _BIG = {"big_bk": 16, "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
 GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles only when M, N >= 128")
     "F": {**_F, **_BIG, "spread_a": False, "spread_b": False, "big_min_side": 0},
@@ -47,6 +48,12 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles 
                  "conv_vec4_weights": True},
     "straight staging (default)": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128,
                                    "straight_staging": True},
+    "... and warps of 8 x 4 threads on 128-tiles": {**_F, **_BIG, "spread_a": False, "spread_b": True,
+                                                   "big_min_side": 128, "straight_staging": True, "warp_rows": 4},
+    "... and on 64-tiles too": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128,
+                                "straight_staging": True, "warp_rows": 4, "warp_rows_small": 4},
+    "... and A groups 64 apart": {**_F, **_BIG, "spread_a": True, "spread_b": True, "big_min_side": 128,
+                                  "straight_staging": True, "warp_rows": 4, "warp_rows_small": 4},
     "... and 128-tiles on two buffers, K step 8": {**_F, **_BIG, "spread_a": False, "spread_b": True,
                                                   "big_min_side": 128, "straight_staging": True, "double_buffer": True},
 }

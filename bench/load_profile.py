@@ -27,8 +27,25 @@ def _timed(cls, names, acc):
             finally:
                 acc.setdefault(_k, []).append(time.perf_counter() - t)
                 if _k == "_pipeline":  # (self, index, kernel): which kernels the driver is slow on
-                    acc.setdefault("kernels", []).append((acc[_k][-1], a[2].get("label", ""), len(a[2]["wgsl"])))
+                    acc.setdefault("kernels", []).append((acc[_k][-1], a[2].get("label", ""), len(a[2]["wgsl"]),
+                                                          _kind(a[2]["wgsl"])))
         setattr(cls, k, g)
+
+
+def _kind(wgsl: str) -> str:
+    """Which family a kernel is (the driver's compile time differs by an order of magnitude)."""
+    return "gemm 8x8/thread" if "acc0l" in wgsl else "gemm 4x4/thread" if "a_tile" in wgsl else \
+        "attention" if "attention" in wgsl[:400] else "other"
+
+
+def _workloads():
+    """compile_times' workloads and bench/run.py's ResNet-50 (batch 16)."""
+    yield from compile_times.workloads()
+    from meganeura.compiler import TrainConfig
+    from meganeura.compiler.models import resnet
+
+    yield "ResNet-50 224 (b16, as bench/run.py)", lambda: resnet.resnet50(batch=16), \
+        TrainConfig(loss="cross_entropy", optimizer="adamw")
 
 
 def main(argv=None):
@@ -36,6 +53,7 @@ def main(argv=None):
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--threads", nargs="*", type=int, default=[8])
     ap.add_argument("--upload-threads", type=int, default=None, help="session.UPLOAD_THREADS (default: as set)")
+    ap.add_argument("--all-kernels", action="store_true", help="every kernel's pipeline time, and sums per family")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
     from meganeura.compiler import compile_model
@@ -49,7 +67,7 @@ def main(argv=None):
     # (_upload, not _write: the writes run on threads, and their sum is no time anyone waits)
     originals = {k: getattr(Session, k) for k in ("_allocate", "_upload", "_pipeline", "_bind_group")}
     rows = []
-    for name, build, train in compile_times.workloads():
+    for name, build, train in _workloads():
         if args.only and not any(o.lower() in name.lower() for o in args.only):
             continue
         path = Path(tempfile.mkdtemp()) / "p.mnpk"
@@ -78,8 +96,16 @@ def main(argv=None):
                        "pipeline_ms_median": 1e3 * per_kernel[len(per_kernel) // 2] if per_kernel else None,
                        "pipeline_ms_max": 1e3 * per_kernel[-1] if per_kernel else None,
                        "pipeline_ms_sum": 1e3 * sum(per_kernel),
-                       "slowest_kernels": [(label, round(1e3 * dt, 1), size) for dt, label, size in
+                       "slowest_kernels": [(label, round(1e3 * dt, 1), size) for dt, label, size, _ in
                                            sorted(acc.get("kernels", []), reverse=True)[:8]]}
+                families = {}
+                for dt, _, _, kind in acc.get("kernels", []):
+                    n, ms = families.get(kind, (0, 0.0))
+                    families[kind] = (n + 1, ms + 1e3 * dt)
+                row["families_count_ms"] = {k: (n, round(ms, 1)) for k, (n, ms) in sorted(families.items())}
+                if args.all_kernels:
+                    row["kernels_ms"] = [(label, round(1e3 * dt, 2), size, kind)
+                                         for dt, label, size, kind in sorted(acc.get("kernels", []), reverse=True)]
                 row["rest_s"] = row["session_s"] - row.get("allocate_s", 0) - row.get("upload_s", 0)  # waits for the threads
                 print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
                 rows.append(row)

@@ -59,6 +59,10 @@ EXPERIMENTS = {
                         "128-tiles: K steps of 8 on two tile buffers, one barrier per step"),
     "--big-split": ("codegen_gemm", ("GEMM_PLAN", "big_split"), None,
                     "convolutions too few for 128-tiles split K over up to this many slices on them (0: 64-tiles)"),
+    "--warp-rows": ("codegen_gemm", ("GEMM_PLAN", "warp_rows"), None,
+                    "128-tiles: a warp covers 32 / N x N threads (2: 16 x 2, 4: 8 x 4)"),
+    "--warp-rows-small": ("codegen_gemm", ("GEMM_PLAN", "warp_rows_small"), None,
+                          "64-tiles: a warp covers 32 / N x N threads (2: 16 x 2, 4: 8 x 4)"),
     "--attention-fill": ("codegen_attention", ("ATTENTION_BWD_PLAN", "fill"), None,
                          "workgroups the fused attention backward aims for by cutting its loops (0: whole loops)"),
 }

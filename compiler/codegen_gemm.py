@@ -27,18 +27,32 @@ from .wgsl import render, template
 def _inner(tg: int) -> str:
     """igemm.wgsl's unrolled K step for TG x TG threads."""
     return "\n".join(
-        f"        let a{kk} = a_tile[{kk * tg}u + lid.y];\n        let b{kk} = b_tile[{kk * tg}u + lid.x];\n"
+        f"        let a{kk} = a_tile[{kk * tg}u + ty];\n        let b{kk} = b_tile[{kk * tg}u + tx];\n"
         + "\n".join(f"        acc{r} = acc{r} + a{kk}.{c} * b{kk};" for r, c in enumerate("xyzw"))
         for kk in range(16))
 
 
 INNER = {tg: _inner(tg) for tg in (8, 16)}
+
+
+def thread_xy(tg: int, warp_rows: int) -> str:
+    """WGSL for the thread's column and row (tx, ty) among TG x TG: a warp of 32 covers
+    32 / warp_rows columns and warp_rows rows of threads (2: TG = 16 across, as
+    local_invocation_id lays them out; 4: 8 x 4, so that a warp's workgroup-memory reads of
+    B touch 8 entries, one 128-byte pass, instead of 16)."""
+    across = min(tg, 32 // warp_rows)
+    if across == tg:
+        return "    let tx = lid.x;\n    let ty = lid.y;"
+    return (f"    let tx = (tid / 32u) % {tg // across}u * {across}u + tid % {across}u;\n"
+            f"    let ty = tid / 32u / {tg // across}u * {32 // across}u + tid % 32u / {across}u;")
+
+
 def _halves128(op: str, spread: bool, tg: int = 16) -> tuple:
     """Tile entries of a thread's two groups of 4 rows (A) or columns (B): side by side
     (8 in a row), or TG groups apart (`spread`: neighbouring threads read neighbouring 16-byte
     entries, one pass through workgroup memory per 8 threads instead of two)."""
-    lid = "lid.y" if op == "a" else "lid.x"
-    return (f"{lid}", f"{tg}u + {lid}") if spread else (f"{lid} * 2u", f"{lid} * 2u + 1u")
+    t = "ty" if op == "a" else "tx"
+    return (f"{t}", f"{tg}u + {t}") if spread else (f"{t} * 2u", f"{t} * 2u + 1u")
 
 
 def _inner128(bk: int, tg: int = 16) -> str:
@@ -157,7 +171,10 @@ GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 12
              "conv_vec4_weights": False,
              # 128-tiles: K steps of 8 on two tile buffers (16 KiB of workgroup memory, as one buffer
              # of 16), one barrier per step instead of two: 4096^3 3873 -> 4157 us (bench/REJECTED.md)
-             "double_buffer": False}
+             "double_buffer": False,
+             # threads of a warp as rows of threads (2: 16 x 2, 4: 8 x 4, see thread_xy), on 128-tiles and
+             # on 64-tiles; off until measured
+             "warp_rows": 2, "warp_rows_small": 2}
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
@@ -204,7 +221,7 @@ def _vec4_common(common, decls, st, contract, modes, vec4) -> str:
         if mode:
             contract4[f"LOAD_{op.upper()}"] = f"    return 0.0;  // read through load_{op}4"
     return render("igemm_common", BINDINGS=decls4, STORE=st, **contract4) + "".join(
-        _vec4_loader(op, v[1]) for op, mode, v in zip("ab", modes, vec4) if mode)
+        _vec4_loader(op, v[1], contract[f"GUARD_COND_{op.upper()}"]) for op, mode, v in zip("ab", modes, vec4) if mode)
 
 
 def _stage_small(tg: int, k_contiguous, modes) -> dict:
@@ -251,10 +268,28 @@ def _stage_entry(tg: int, k_contiguous, modes) -> dict:
     return out
 
 
-def _vec4_loader(op: str, body: str) -> str:
-    args, guard = ("m: u32, k: u32", "m >= M || k >= K") if op == "a" else ("k: u32, n: u32", "k >= K || n >= N")
-    return (f"\n\nfn load_{op}4(g: u32, {args}) -> vec4<f32> {{\n    if ({guard}) {{\n        return vec4<f32>(0.0);\n"
-            f"    }}\n{body}\n}}\n")
+def _vec4_loader(op: str, body: str, guard: str) -> str:
+    args = "m: u32, k: u32" if op == "a" else "k: u32, n: u32"
+    check = f"    if ({guard}) {{\n        return vec4<f32>(0.0);\n    }}\n" if guard else ""
+    return f"\n\nfn load_{op}4(g: u32, {args}) -> vec4<f32> {{\n{check}{body}\n}}\n"
+
+
+def edge_guards(ragged: dict) -> dict:
+    """igemm_common's GUARD_* holes, and the conditions (GUARD_COND_*) behind them: only the
+    dimensions `ragged` marks (m, n, k: a tile or K step may run past the edge) are checked."""
+    def cond(*dims):
+        return " || ".join(f"{d} >= {d.upper()}" for d in dims if ragged[d])
+
+    out = {}
+    for hole, dims, ret in (("A", "mk", "0.0"), ("B", "kn", "0.0"), ("STORE", "mn", "")):
+        c = cond(*dims)
+        out[f"GUARD_COND_{hole}"] = c
+        out[f"GUARD_{hole}"] = (f"    if ({c}) {{\n        return{' ' + ret if ret else ''};\n    }}" if c
+                                else f"    // ({' and '.join(d.upper() for d in dims)}: whole tiles and K steps, unguarded)")
+    return out
+
+
+ALL_GUARDED = edge_guards({"m": True, "n": True, "k": True})
 
 
 def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, load_b: str, store: str,
@@ -279,6 +314,10 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     ks = -(-(-(-k // split)) // bk) * bk  # slice length, a multiple of the K step
     split = -(-k // ks)
     contract = dict(M=m, N=n, K=k, SPLIT=split, KS=ks, LOAD_A=load_a, LOAD_B=load_b)
+    # the GPU kernels' tiles step M and N by `tile` and K by `bk` from 0 (slices: multiples of
+    # bk): a dimension they divide never runs past its edge
+    gpu_contract = {**contract, **edge_guards({"m": m % tile != 0, "n": n % tile != 0, "k": k % bk != 0})}
+    contract.update(ALL_GUARDED)  # (the CPU variant's own loops)
     all_decls = bind.decls(list(names), loaders=False).splitlines()
     loaders = bind.loaders(list(names), range(n_load))  # f16 operands widened as they load
     if split == 1:
@@ -291,14 +330,18 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
             f"\n@group(0) @binding({n_load}) var<storage, read_write> partial: array<f32>;" + loaders
         st = f"    partial[((slice * {groups}u + g) * {m}u + m) * {n}u + n] = v;"
     common = render("igemm_common", BINDINGS=decls, STORE=st, **contract)
+    gpu_common = render("igemm_common", BINDINGS=decls, STORE=st, **gpu_contract)
     if big:
         modes = [v[0] if v and GEMM_PLAN["vec4_loads"] else None for v in vec4]
-        wgsl = render("igemm128", COMMON=_vec4_common(common, decls, st, contract, modes, vec4), ACC_DECL=ACC128,
+        wgsl = render("igemm128", COMMON=_vec4_common(gpu_common, decls, st, gpu_contract, modes, vec4), ACC_DECL=ACC128,
+                      THREAD_XY=thread_xy(tg, GEMM_PLAN["warp_rows"]),
                       **_stores128(tg), **_stage128(bk, k_contiguous, modes, tg))
     else:
         modes = [v[0] if v and GEMM_PLAN["vec4_loads"] and GEMM_PLAN["vec4_small_tiles"] else None for v in vec4]
-        wgsl = render("igemm", COMMON=_vec4_common(common, decls, st, contract, modes, vec4),
-                      INNER_LOOP=INNER[tile // 4], TG=tile // 4, STAGED=4 * tile, **_stage_small(tile // 4, k_contiguous, modes))
+        wgsl = render("igemm", COMMON=_vec4_common(gpu_common, decls, st, gpu_contract, modes, vec4),
+                      INNER_LOOP=INNER[tile // 4], TG=tile // 4,
+                      THREAD_XY=thread_xy(tile // 4, GEMM_PLAN["warp_rows_small"]),
+                      STAGED=4 * tile, **_stage_small(tile // 4, k_contiguous, modes))
     threads = (tg, tg, 1)
     code = KernelCode(wgsl, threads, slots, (-(-n // tile), -(-m // tile), groups * split), label)
     code.gemm_decls, code.gemm_store = decls, st  # for variants with other main loops

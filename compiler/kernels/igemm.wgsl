@@ -19,6 +19,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let row0 = wg.y * TILE;
     let col0 = wg.x * TILE;
     let tid = lid.y * TG + lid.x;
+{{THREAD_XY}}
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
@@ -32,8 +33,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
 {{INNER_LOOP}}
         workgroupBarrier();
     }
-    let r = row0 + lid.y * 4u;
-    let c = col0 + lid.x * 4u;
+    let r = row0 + ty * 4u;
+    let c = col0 + tx * 4u;
     store(g, slice, r, c, acc0.x); store(g, slice, r, c + 1u, acc0.y); store(g, slice, r, c + 2u, acc0.z); store(g, slice, r, c + 3u, acc0.w);
     store(g, slice, r + 1u, c, acc1.x); store(g, slice, r + 1u, c + 1u, acc1.y); store(g, slice, r + 1u, c + 2u, acc1.z); store(g, slice, r + 1u, c + 3u, acc1.w);
     store(g, slice, r + 2u, c, acc2.x); store(g, slice, r + 2u, c + 1u, acc2.y); store(g, slice, r + 2u, c + 2u, acc2.z); store(g, slice, r + 2u, c + 3u, acc2.w);

@@ -22,6 +22,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let row0 = wg.y * {{TILE}}u;
     let col0 = wg.x * {{TILE}}u;
     let tid = lid.y * {{TG}}u + lid.x;
+{{THREAD_XY}}
     // the tile entries (k, group of 4) this thread stages: {{A_ORDER}} for A, {{B_ORDER}} for B,
     // so that a warp's loads walk the operand's contiguous dimension
 {{INDEX}}
@@ -32,7 +33,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     for (; k0 < k_end; k0 = k0 + BK) {
 {{LOOP_BODY}}
     }
-    let r = row0 + lid.y * {{ROW_STEP}}u;
-    let c = col0 + lid.x * {{COL_STEP}}u;
+    let r = row0 + ty * {{ROW_STEP}}u;
+    let c = col0 + tx * {{COL_STEP}}u;
 {{STORES}}
 }

@@ -117,6 +117,65 @@ def test_64_tiles_with_8x8_outputs_per_thread(case, device, monkeypatch):
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
+@pytest.mark.parametrize("tiles", ["128", "64"])
+@pytest.mark.parametrize("case", ["edges", "transposed_vec4", "conv"])
+def test_warps_of_8_by_4_threads(case, tiles, device, monkeypatch):
+    """GEMM_PLAN warp_rows / warp_rows_small = 4: a warp covers 8 x 4 threads of the
+    workgroup's 16 x 16 (see codegen_gemm.thread_xy). Every thread must still own distinct
+    outputs: matmuls with ragged edges (64-tiles: and split-K), 16-byte loads, and a
+    convolution (64-tiles: with both gradients), on 128- or 64-tiles, against numpy / torch."""
+    import torch
+
+    from meganeura.compiler import codegen_gemm
+
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "warp_rows" if tiles == "128" else "warp_rows_small", 4)
+    if tiles == "64":  # 64-tiles only
+        monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "big_min_side", 1 << 30)
+    if case == "conv" and tiles == "64":
+        model, vals, refs = _conv_with_gradients((2, 16, 17, 17), (130, 16, 3, 3), 1, seed=7, w_scale=0.2)
+    elif case == "conv":  # 130 output channels: a ragged last row of 128-tiles
+        rng = np.random.default_rng(7)
+        b = Builder()
+        b.output("y", b.conv2d(b.input("x", (2, 4, 128, 128)), b.input("w", (130, 4, 3, 3)), padding=(1, 1, 1, 1)))
+        model = b.build()
+        vals = {"x": rng.standard_normal((2, 4, 128, 128)), "w": rng.standard_normal((130, 4, 3, 3))}
+        refs = {"y": torch.nn.functional.conv2d(*(torch.tensor(vals[n]) for n in "xw"), padding=1).numpy()}
+    else:
+        sa, sb, ta = {("edges", "128"): ((2050, 40), (40, 2049), False), ("edges", "64"): ((300, 700), (700, 130), False),
+                      ("transposed_vec4", "128"): ((20, 2048), (20, 2052), True),
+                      ("transposed_vec4", "64"): ((20, 1040), (20, 1032), True)}[case, tiles]
+        model, vals, refs = _matmul_case(sa, sb, ta, seed=7)
+    pkg = Package.from_bytes(compile_model(model))
+    mapped = [k for k in pkg.manifest["kernels"] if "let tx = (tid / 32u) % 2u * 8u + tid % 8u;" in k["wgsl"]]
+    assert mapped and all(("acc0l" in k["wgsl"]) == (tiles == "128") for k in mapped), \
+        [k["label"] for k in pkg.manifest["kernels"]]
+    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
+
+
+@pytest.mark.parametrize("case", ["128_tiles", "64_tiles_split_k", "128_tiles_ragged_k", "conv_grads"])
+def test_whole_tiles_go_unguarded(case, device):
+    """Dimensions the GPU kernels' tiles and K steps divide are read and written without edge
+    checks (codegen_gemm.edge_guards; a ragged one keeps its check, the CPU variant all of
+    them): the answers against numpy / torch, and which checks each kernel kept."""
+    if case == "conv_grads":  # M 64, N 2 x 8 x 8, K 16 x 9: 32-tiles, whole (and the gradients' GEMMs)
+        model, vals, refs = _conv_with_gradients((2, 16, 8, 8), (64, 16, 3, 3), 1, seed=8, w_scale=0.2)
+    else:
+        sa, sb = {"128_tiles": ((2048, 16), (16, 2048)), "64_tiles_split_k": ((128, 1024), (1024, 128)),
+                  "128_tiles_ragged_k": ((2048, 20), (20, 2048))}[case]
+        model, vals, refs = _matmul_case(sa, sb, seed=8)
+    pkg = Package.from_bytes(compile_model(model))
+    gemms = [k for k in pkg.manifest["kernels"] if "fn load_a(" in k["wgsl"]]
+    cpu = [k for k in gemms if k["label"].endswith("(cpu)")]
+    assert cpu and all("if (m >= M || k >= K)" in k["wgsl"] for k in cpu)
+    main = [k for k in gemms if k not in cpu][0]["wgsl"]
+    if case == "128_tiles_ragged_k":
+        assert "acc0l" in main and "if (k >= K)" in main and "m >= M" not in main and "n >= N" not in main
+    else:
+        assert "m >= M" not in main and "k >= K" not in main and "n >= N" not in main, main[:3000]
+        assert ("acc0l" in main) == (case == "128_tiles")
+    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
+
+
 @pytest.mark.parametrize("straight", [True, False])
 @pytest.mark.parametrize("case", ["split_k_32_tiles", "conv_grads"])
 def test_staging_with_and_without_a_loop(case, straight, device, monkeypatch):
@@ -370,8 +429,8 @@ def test_128_tiles_with_spread_thread_groups(name, spread, device, monkeypatch):
     b.output("c", b.matmul(b.input("a", sa), b.input("b", sb), trans_a=ta, trans_b=tb))
     pkg = Package.from_bytes(compile_model(b.build()))
     kernels = [k["wgsl"] for k in pkg.manifest["kernels"] if k["label"].startswith("matmul")]
-    assert any("b_tile[0u + 16u + lid.x]" in k for k in kernels) == spread[1]
-    assert any("a_tile[0u + 16u + lid.y]" in k for k in kernels) == spread[0]
+    assert any("b_tile[0u + 16u + tx]" in k for k in kernels) == spread[1]
+    assert any("a_tile[0u + 16u + ty]" in k for k in kernels) == spread[0]
     A, B = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
     ref = np.matmul(np.swapaxes(A, -1, -2) if ta else A.astype(np.float64), np.swapaxes(B, -1, -2) if tb else B)
     got = Session(device, pkg, device_class="gpu").run("infer", {"a": A, "b": B})["c"]
