@@ -28,8 +28,9 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
 _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
       "big_split": 0, "regs64": False, "straight_staging": False, "conv_vec4_weights": False, "double_buffer": False,
-      "warp_rows": 2, "warp_rows_small": 2}  # (each plan sets every key: plans run one after another)
-_BIG = {"big_bk": 16, "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
+      "warp_rows": 2, "warp_rows_small": 2, "k_rows_fastest": False}  # (each plan sets every key: plans run one after another)
+_BIG = {"big_bk": 8, "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
+_DEFAULT = {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128, "straight_staging": True}
 GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles only when M, N >= 128")
     "F": {**_F, **_BIG, "spread_a": False, "spread_b": False, "big_min_side": 0},
     "F, 128-tiles: B groups 64 apart": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 0},
@@ -48,12 +49,11 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles 
                  "conv_vec4_weights": True},
     "straight staging (default)": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128,
                                    "straight_staging": True},
-    "... and warps of 8 x 4 threads on 128-tiles": {**_F, **_BIG, "spread_a": False, "spread_b": True,
-                                                   "big_min_side": 128, "straight_staging": True, "warp_rows": 4},
-    "... and on 64-tiles too": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128,
-                                "straight_staging": True, "warp_rows": 4, "warp_rows_small": 4},
-    "... and A groups 64 apart": {**_F, **_BIG, "spread_a": True, "spread_b": True, "big_min_side": 128,
-                                  "straight_staging": True, "warp_rows": 4, "warp_rows_small": 4},
+    "... and warps of 8 x 4 threads on 128-tiles": {**_DEFAULT, "warp_rows": 4},
+    "... and on 64-tiles too": {**_DEFAULT, "warp_rows": 4, "warp_rows_small": 4},
+    "... K-contiguous operands staged rows fastest": {**_DEFAULT, "k_rows_fastest": True},
+    "... warps of 8 x 4 everywhere and rows fastest": {**_DEFAULT, "warp_rows": 4, "warp_rows_small": 4, "k_rows_fastest": True},
+    "... 128-tile matmuls with K steps of 16": {**_DEFAULT, "big_bk": 16},
     "... and 128-tiles on two buffers, K step 8": {**_F, **_BIG, "spread_a": False, "spread_b": True,
                                                   "big_min_side": 128, "straight_staging": True, "double_buffer": True},
 }
@@ -204,6 +204,7 @@ def main(argv=None):
     ap.add_argument("--big-only", action="store_true", help="only the GEMMs on 128-tiles; no attention")
     ap.add_argument("--attention-backward-only", action="store_true", help="only the attention backward cases")
     ap.add_argument("--conv-only", action="store_true", help="only ResNet-50's 3x3 convolutions and their gradients")
+    ap.add_argument("--gemms-only", action="store_true", help="every GEMM and convolution case; no attention")
     ap.add_argument("--plans", nargs="*", help="only the GEMM plans whose names contain one of these")
     args = ap.parse_args(argv)
     if args.plans:
@@ -219,6 +220,9 @@ def main(argv=None):
             return g[3].startswith("conv")
         GEMMS = [g for g in GEMMS if gemm_plan(g[1] if conv(g) else g[0], g[0] * g[2] ** 2 if conv(g) else g[2],
                                                g[1], 1, conv(g))[0] == 128]
+        ATTENTIONS = []
+        ATTENTION_BACKWARDS[:] = []
+    if args.gemms_only:
         ATTENTIONS = []
         ATTENTION_BACKWARDS[:] = []
     if args.attention_backward_only:

@@ -93,7 +93,10 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16) -> dict:
             quads = bk // 4
             for j in range(per):
                 e = f"(tid + {nt * j}u)"
-                index.append(f"    let {op}q{j} = {e} % {quads}u;\n    let {op}r{j} = {e} / {quads}u;")
+                if GEMM_PLAN["k_rows_fastest"]:  # a warp: 32 rows' same 4 k (32 banks when stored)
+                    index.append(f"    let {op}q{j} = {e} / {8 * tg}u;\n    let {op}r{j} = {e} % {8 * tg}u;")
+                else:  # a warp: 8 rows' 16 k (64 contiguous bytes each)
+                    index.append(f"    let {op}q{j} = {e} % {quads}u;\n    let {op}r{j} = {e} / {quads}u;")
                 at = (f"row0 + ar{j}, KB + aq{j} * 4u" if op == "a" else f"KB + bq{j} * 4u, col0 + br{j}")
                 load.append(f"p{op}{j} = load_{op}4(g, {at});")
                 store.append("\n".join(f"        {op}_tile[BUF({op}q{j} * 4u + {c}u) * {w}u + {op}r{j} / 4u][{op}r{j} % 4u] = "
@@ -151,7 +154,10 @@ ACC128 = "\n".join(f"    var acc{r}{h} = vec4<f32>(0.0);" for r in range(8) for 
 # workgroups, each cheap), a long K keeps 64-tiles and is split into slices of at least
 # `slice_min`; either is split further until about `fill` workgroups run.
 GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
-             "big_bk": 16, "prefetch": True,  # 128-tiles: 4096^3 5.44 -> 4.42 ms with both (bench/REJECTED.md)
+             # 128-tiles: K steps of 8 with the next step's loads in registers (prefetch: 4096^3 5.44 -> 4.42
+             # ms with both, K steps of 16 then; since the edge checks went, 8 beat 16: 3426 -> 3370 us,
+             # and NVIDIA compiles the kernel's half as long unrolled K step faster)
+             "big_bk": 8, "prefetch": True,
              "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True,  # convolutions' im2col loads: 284 us with 8, 307 with 16
              # 128-tiles: a thread's 4-column groups 64 apart (4096^3 3.89 -> 3.73 ms); only where M and N
              # are both >= 128 (ResNet's 64-channel 3x3 convolution with both gradients 1067 -> 814 us)
@@ -173,8 +179,11 @@ GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 12
              # of 16), one barrier per step instead of two: 4096^3 3873 -> 4157 us (bench/REJECTED.md)
              "double_buffer": False,
              # threads of a warp as rows of threads (2: 16 x 2, 4: 8 x 4, see thread_xy), on 128-tiles and
-             # on 64-tiles; off until measured
-             "warp_rows": 2, "warp_rows_small": 2}
+             # on 64-tiles: no faster (bench/REJECTED.md)
+             "warp_rows": 2, "warp_rows_small": 2,
+             # operands read 4 k at a time (K-contiguous: x @ w's x, x @ w^T's w): a warp stages 32
+             # rows' same 4 k (its tile stores hit 32 banks) instead of 8 rows' 16 k: slower (REJECTED.md)
+             "k_rows_fastest": False}
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
@@ -245,10 +254,11 @@ def _stage_entry(tg: int, k_contiguous, modes) -> dict:
     out = {}
     for op, contiguous, mode in zip("ab", k_contiguous, modes):
         i = 8 * " "
-        if mode == "k":  # entry e: row e / 4, k quad e % 4
-            at = "row0 + e / 4u, k0 + (e % 4u) * 4u" if op == "a" else "k0 + (e % 4u) * 4u, col0 + e / 4u"
-            lines = [f"{i}    let v{op} = load_{op}4(g, {at});"] + [
-                f"{i}    {op}_tile[((e % 4u) * 4u + {c}u) * TG + e / 16u][(e / 4u) % 4u] = v{op}.{comp};"
+        if mode == "k":  # entry e: row e / 4, k quad e % 4 (k_rows_fastest: row e % TILE, quad e / TILE)
+            row, quad = ("e % (4u * TG)", "e / (4u * TG)") if GEMM_PLAN["k_rows_fastest"] else ("e / 4u", "e % 4u")
+            at = f"row0 + r{op}, k0 + q{op} * 4u" if op == "a" else f"k0 + q{op} * 4u, col0 + r{op}"
+            lines = [f"{i}    let q{op} = {quad};", f"{i}    let r{op} = {row};", f"{i}    let v{op} = load_{op}4(g, {at});"] + [
+                f"{i}    {op}_tile[(q{op} * 4u + {c}u) * TG + r{op} / 4u][r{op} % 4u] = v{op}.{comp};"
                 for c, comp in enumerate("xyzw")]
             out[f"{op.upper()}_ORDER"] = "4 k of one row at a time"
         else:

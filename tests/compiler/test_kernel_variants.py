@@ -28,7 +28,7 @@ CASES = {  # (a shape, b shape, trans_a, trans_b): edges, batches, split-K, the 
 def test_gemm_plans_by_shape():
     from meganeura.compiler.codegen_gemm import gemm_plan
 
-    assert gemm_plan(4096, 4096, 4096, 1) == (128, 16, 1)
+    assert gemm_plan(4096, 4096, 4096, 1) == (128, 8, 1)
     assert gemm_plan(1040, 1040, 40, 1) == (64, 16, 1)
     assert gemm_plan(720, 720, 40, 1) == (32, 16, 1)
     assert gemm_plan(257, 384, 384, 1) == (32, 16, 3)  # 64-tiles: 30 workgroups on 132 SMs
@@ -149,6 +149,25 @@ def test_warps_of_8_by_4_threads(case, tiles, device, monkeypatch):
     mapped = [k for k in pkg.manifest["kernels"] if "let tx = (tid / 32u) % 2u * 8u + tid % 8u;" in k["wgsl"]]
     assert mapped and all(("acc0l" in k["wgsl"]) == (tiles == "128") for k in mapped), \
         [k["label"] for k in pkg.manifest["kernels"]]
+    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
+
+
+@pytest.mark.parametrize("tiles", ["128", "64", "32"])
+@pytest.mark.parametrize("rows_fastest", [False, True])
+def test_k_contiguous_staging_orders(tiles, rows_fastest, device, monkeypatch):
+    """GEMM_PLAN["k_rows_fastest"]: operands read 4 k at a time are staged 32 rows' same 4 k per
+    warp, or (off) 8 rows' 16 k: x @ w^T (both operands K-contiguous) with ragged edges on
+    128-, 64- and 32-tiles, against numpy."""
+    from meganeura.compiler import codegen_gemm
+
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "k_rows_fastest", rows_fastest)
+    sa, sb = {"128": ((2050, 36), (2049, 36)), "64": ((1040, 36), (1030, 36)), "32": ((100, 36), (70, 36))}[tiles]
+    model, vals, refs = _matmul_case(sa, sb, tb=True, seed=9)
+    pkg = Package.from_bytes(compile_model(model))
+    main = [k["wgsl"] for k in pkg.manifest["kernels"] if "fn load_a4(" in k["wgsl"] and "fn load_b4(" in k["wgsl"]]
+    assert main and ("acc0l" in main[0]) == (tiles == "128")
+    marker = "let aq0 = (tid + 0u) / 128u;" if tiles == "128" else "let qa = e / (4u * TG);"
+    assert (marker in main[0]) == rows_fastest
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
