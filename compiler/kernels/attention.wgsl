@@ -58,7 +58,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var jj = 0u; jj < n; jj = jj + 1u) {
             let j = j0 + jj;
 {{SCORE}}
-            if (j < last) {
+            if (!CAUSAL || j < last) {  // (no check at all without a mask: j < j_end <= T)
                 let m2 = max(m, s);
                 let corr = exp(m - m2);
                 let p = exp(s - m2);
