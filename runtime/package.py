@@ -80,16 +80,26 @@ def _word_before(code: str, i: int):
 
 
 def _type_bytes(ty: str):
-    count, elem = 1, ty
-    array = _ARRAY.fullmatch(elem)
-    if array:
-        elem, count = array.group(1).strip(), int(array.group(2), 0)
-    vector = _VECTOR.fullmatch(elem)
+    sized = _size_align(ty)
+    return sized[0] if sized else None
+
+
+def _size_align(ty: str):
+    """(bytes, alignment) of a WGSL type as WGSL lays it out (an array's elements a stride
+    apart: their size rounded up to their alignment, 16 for a vec3<f32>), or None."""
+    array = _ARRAY.fullmatch(ty)
+    if array:  # (arrays of arrays too: the non-greedy element widens until the whole type matches)
+        inner = _size_align(array.group(1).strip())
+        if inner is None:
+            return None
+        size, align = inner
+        return int(array.group(2), 0) * (-(-size // align) * align), align
+    vector = _VECTOR.fullmatch(ty)
     if vector:
         n, item = int(vector.group(1)), _SCALAR_BYTES[vector.group(2) or vector.group(3)]
-        return count * item * (4 if n == 3 else n)  # (a vec3 is aligned as a vec4)
-    if elem in _SCALAR_BYTES and len(elem) == 3:
-        return count * _SCALAR_BYTES[elem]
+        return n * item, item * (4 if n == 3 else n)
+    if ty in _SCALAR_BYTES and len(ty) == 3:
+        return _SCALAR_BYTES[ty], _SCALAR_BYTES[ty]
     return None
 
 

@@ -230,6 +230,10 @@ def test_workgroup_memory_beyond_the_device_is_refused_by_name(device):
     assert workgroup_bytes("var <workgroup> t: array<f32, 1000000>;") == 4_000_000
     assert workgroup_bytes("var< workgroup > t : array< vec4f , 0x10 >; var<workgroup> s: f32;") == 272
     assert workgroup_bytes("// var<workgroup> x: array<f32, 1>;\nvar<workgroup>t:array<f32,1000>;") == 4000
+    # arrays of arrays (a [k][group] tile), each element a stride apart (its size rounded up to its alignment)
+    assert workgroup_bytes("var<workgroup> t: array<array<vec4<f32>, 32>, 8>;") == 4096
+    assert workgroup_bytes("var<workgroup> t: array<array<vec3<f32>, 2>, 3u>;") == 96
+    assert workgroup_bytes("var<workgroup> t: array<array<f32, 3>, 5>;") == 64
     for unsized in ("const N = 99999u; var<workgroup> t: array<f32, N>;", "alias A = array<f32, 4>; var<workgroup> t: A;",
                     "var<workgroup> t: array<atomic<u32>, 8>;"):
         assert workgroup_bytes(unsized) is None, unsized
