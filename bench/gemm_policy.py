@@ -28,7 +28,8 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
 _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
       "big_split": 0, "regs64": False, "straight_staging": False, "conv_vec4_weights": False, "double_buffer": False,
-      "warp_rows": 2, "warp_rows_small": 2, "k_rows_fastest": False}  # (each plan sets every key: plans run one after another)
+      "warp_rows": 2, "warp_rows_small": 2, "k_rows_fastest": False,
+      "tiles_2d": False}  # (each plan sets every key: plans run one after another)
 _BIG = {"big_bk": 8, "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
 _DEFAULT = {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128, "straight_staging": True}
 GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles only when M, N >= 128")
@@ -54,6 +55,7 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles 
     "... K-contiguous operands staged rows fastest": {**_DEFAULT, "k_rows_fastest": True},
     "... warps of 8 x 4 everywhere and rows fastest": {**_DEFAULT, "warp_rows": 4, "warp_rows_small": 4, "k_rows_fastest": True},
     "... 128-tile matmuls with K steps of 16": {**_DEFAULT, "big_bk": 16},
+    "... tiles indexed [k][group]": {**_DEFAULT, "tiles_2d": True},
     "... and 128-tiles on two buffers, K step 8": {**_F, **_BIG, "spread_a": False, "spread_b": True,
                                                   "big_min_side": 128, "straight_staging": True, "double_buffer": True},
 }

@@ -65,6 +65,8 @@ EXPERIMENTS = {
                           "64-tiles: a warp covers 32 / N x N threads (2: 16 x 2, 4: 8 x 4)"),
     "--k-rows-fastest": ("codegen_gemm", ("GEMM_PLAN", "k_rows_fastest"), True,
                          "K-contiguous operands staged 32 rows' same 4 k per warp"),
+    "--tiles-2d": ("codegen_gemm", ("GEMM_PLAN", "tiles_2d"), True,
+                   "GEMM tiles indexed [k][group] (the bounds checks' clamps out of the inner loop)"),
     "--big-bk": ("codegen_gemm", ("GEMM_PLAN", "big_bk"), None, "128-tile matmuls' K step (16 or 8)"),
     "--attention-fill": ("codegen_attention", ("ATTENTION_BWD_PLAN", "fill"), None,
                          "workgroups the fused attention backward aims for by cutting its loops (0: whole loops)"),

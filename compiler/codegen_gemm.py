@@ -24,15 +24,17 @@ from .schedule import Kernel, Schedule, base_of
 from .wgsl import render, template
 
 
-def _inner(tg: int) -> str:
+def _inner(tg: int, tiles_2d: bool = False) -> str:
     """igemm.wgsl's unrolled K step for TG x TG threads."""
+    def at(op, kk, t):
+        return f"{op}_tile[{kk}u][{t}]" if tiles_2d else f"{op}_tile[{kk * tg}u + {t}]"
     return "\n".join(
-        f"        let a{kk} = a_tile[{kk * tg}u + ty];\n        let b{kk} = b_tile[{kk * tg}u + tx];\n"
+        f"        let a{kk} = {at('a', kk, 'ty')};\n        let b{kk} = {at('b', kk, 'tx')};\n"
         + "\n".join(f"        acc{r} = acc{r} + a{kk}.{c} * b{kk};" for r, c in enumerate("xyzw"))
         for kk in range(16))
 
 
-INNER = {tg: _inner(tg) for tg in (8, 16)}
+INNER = {(tg, two): _inner(tg, two) for tg in (8, 16) for two in (False, True)}
 
 
 def thread_xy(tg: int, warp_rows: int) -> str:
@@ -59,9 +61,12 @@ def _inner128(bk: int, tg: int = 16) -> str:
     """igemm128.wgsl's unrolled K step: BK rows of the tiles, 64 multiply-adds each."""
     (al, ah), (bl, bh) = _halves128("a", GEMM_PLAN["spread_a"], tg), _halves128("b", GEMM_PLAN["spread_b"], tg)
     w = 2 * tg  # groups of 4 in a tile row
+
+    def at(op, kk, group):
+        return f"{op}_tile[BUF{kk}u][{group}]" if GEMM_PLAN["tiles_2d"] else f"{op}_tile[BUF{kk * w}u + {group}]"
     return "\n".join(
-        f"        let a{kk}l = a_tile[BUF{kk * w}u + {al}];\n        let a{kk}h = a_tile[BUF{kk * w}u + {ah}];\n"
-        f"        let b{kk}l = b_tile[BUF{kk * w}u + {bl}];\n        let b{kk}h = b_tile[BUF{kk * w}u + {bh}];\n"
+        f"        let a{kk}l = {at('a', kk, al)};\n        let a{kk}h = {at('a', kk, ah)};\n"
+        f"        let b{kk}l = {at('b', kk, bl)};\n        let b{kk}h = {at('b', kk, bh)};\n"
         + "\n".join(f"        acc{r}l = acc{r}l + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}l;\n"
                     f"        acc{r}h = acc{r}h + a{kk}{'l' if r < 4 else 'h'}.{'xyzw'[r % 4]} * b{kk}h;" for r in range(8))
         for kk in range(bk))
@@ -99,7 +104,9 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16) -> dict:
                     index.append(f"    let {op}q{j} = {e} % {quads}u;\n    let {op}r{j} = {e} / {quads}u;")
                 at = (f"row0 + ar{j}, KB + aq{j} * 4u" if op == "a" else f"KB + bq{j} * 4u, col0 + br{j}")
                 load.append(f"p{op}{j} = load_{op}4(g, {at});")
-                store.append("\n".join(f"        {op}_tile[BUF({op}q{j} * 4u + {c}u) * {w}u + {op}r{j} / 4u][{op}r{j} % 4u] = "
+                entry = (lambda c, op=op, j=j: f"{op}_tile[BUF{op}q{j} * 4u + {c}u][{op}r{j} / 4u]" if GEMM_PLAN["tiles_2d"]
+                         else f"{op}_tile[BUF({op}q{j} * 4u + {c}u) * {w}u + {op}r{j} / 4u]")
+                store.append("\n".join(f"        {entry(c)}[{op}r{j} % 4u] = "
                                        f"p{op}{j}.{comp};" for c, comp in enumerate("xyzw")))
             continue
         st = _staging(contiguous and mode is None, "e", bk, w)
@@ -116,7 +123,8 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16) -> dict:
             else:
                 els = ", ".join(f"load_b(g, KB + bk{j}, col0 + bg{j} * 4u + {i}u)" for i in range(4))
                 load.append(f"p{op}{j} = vec4<f32>({els});")
-            store.append(f"        {op}_tile[BUF{op}k{j} * {w}u + {op}g{j}] = p{op}{j};")
+            store.append(f"        {op}_tile[BUF{op}k{j}][{op}g{j}] = p{op}{j};" if GEMM_PLAN["tiles_2d"] else
+                         f"        {op}_tile[BUF{op}k{j} * {w}u + {op}g{j}] = p{op}{j};")
     decl = "\n".join(f"    var {line.replace('KB', 'k0')}" for line in load)
     if GEMM_PLAN["prefetch"]:
         nxt = "\n".join(["        if (k0 + BK < k_end) {  // the next tile's loads run while this one is multiplied"]
@@ -132,18 +140,24 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16) -> dict:
         # two tile buffers: the next tile is stored into one while the other is multiplied, so one
         # barrier per K step instead of two
         note += " Two tile buffers, one barrier per K step."
-        body = [nxt, inner.replace("BUF", "buf + "), "        buf = STAGED - buf;",
+        body = [nxt, inner.replace("BUF", "buf + "), "        buf = BK - buf;" if GEMM_PLAN["tiles_2d"] else "        buf = STAGED - buf;",
                 "        if (k0 + BK < k_end) {", store_tiles.replace("BUF", "buf + "), "        }",
                 "        workgroupBarrier();"]
         before = ["    var buf = 0u;", store_tiles.replace("BUF", ""), "    workgroupBarrier();"]
-        buffers, staged_all = "two buffers", 2 * w * bk
+        buffers, k_rows = "two buffers", 2 * bk
     else:
         body = [store_tiles.replace("BUF", ""), "        workgroupBarrier();", nxt, inner.replace("BUF", ""),
                 "        workgroupBarrier();"]
-        before, buffers, staged_all = [], "one buffer", w * bk
+        before, buffers, k_rows = [], "one buffer", bk
     return dict(INDEX="\n".join(index), LOAD_FIRST=first, BEFORE_LOOP="\n".join(before), LOOP_BODY="\n".join(body),
-                STAGED=w * bk, STAGED_ALL=staged_all, BUFFERS=buffers, BK=bk, PREFETCH_NOTE=note, TG=tg,
+                STAGED=w * bk, TILE_TYPE=_tile_type(w, k_rows), BUFFERS=buffers, BK=bk, PREFETCH_NOTE=note, TG=tg,
                 TILE=8 * tg, GROUPS=w, **out)
+
+
+def _tile_type(groups: int, k_rows: int) -> str:
+    """The workgroup tiles' type: [k][group] with GEMM_PLAN["tiles_2d"], else flat (k * groups + group)."""
+    return (f"array<array<vec4<f32>, {groups}>, {k_rows}>" if GEMM_PLAN["tiles_2d"]
+            else f"array<vec4<f32>, {groups * k_rows}>")
 
 
 ACC128 = "\n".join(f"    var acc{r}{h} = vec4<f32>(0.0);" for r in range(8) for h in "lh")
@@ -183,7 +197,12 @@ GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 12
              "warp_rows": 2, "warp_rows_small": 2,
              # operands read 4 k at a time (K-contiguous: x @ w's x, x @ w^T's w): a warp stages 32
              # rows' same 4 k (its tile stores hit 32 banks) instead of 8 rows' 16 k: slower (REJECTED.md)
-             "k_rows_fastest": False}
+             "k_rows_fastest": False,
+             # workgroup tiles indexed [k][group], not k * groups + group: wgpu's bounds checks (the
+             # Session's default) clamp each index, and the group's clamp is the same every K step
+             # (the driver can hoist it) where the flat index's is a new one per read in the inner
+             # loop; without checks the addresses are the same. Unmeasured on the GPU: off until then
+             "tiles_2d": False}
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
@@ -251,6 +270,8 @@ def _stage_small(tg: int, k_contiguous, modes) -> dict:
 
 def _stage_entry(tg: int, k_contiguous, modes) -> dict:
     """igemm.wgsl's staging statements for tile entry `e` of A and of B."""
+    def tile_at(op, k, g):
+        return f"{op}_tile[{k}][{g}]" if GEMM_PLAN["tiles_2d"] else f"{op}_tile[{k} * TG + {g}]"
     out = {}
     for op, contiguous, mode in zip("ab", k_contiguous, modes):
         i = 8 * " "
@@ -258,7 +279,8 @@ def _stage_entry(tg: int, k_contiguous, modes) -> dict:
             row, quad = ("e % (4u * TG)", "e / (4u * TG)") if GEMM_PLAN["k_rows_fastest"] else ("e / 4u", "e % 4u")
             at = f"row0 + r{op}, k0 + q{op} * 4u" if op == "a" else f"k0 + q{op} * 4u, col0 + r{op}"
             lines = [f"{i}    let q{op} = {quad};", f"{i}    let r{op} = {row};", f"{i}    let v{op} = load_{op}4(g, {at});"] + [
-                f"{i}    {op}_tile[(q{op} * 4u + {c}u) * TG + r{op} / 4u][r{op} % 4u] = v{op}.{comp};"
+                (f"{i}    {op}_tile[q{op} * 4u + {c}u][r{op} / 4u][r{op} % 4u] = v{op}.{comp};" if GEMM_PLAN["tiles_2d"] else
+                 f"{i}    {op}_tile[(q{op} * 4u + {c}u) * TG + r{op} / 4u][r{op} % 4u] = v{op}.{comp};")
                 for c, comp in enumerate("xyzw")]
             out[f"{op.upper()}_ORDER"] = "4 k of one row at a time"
         else:
@@ -267,12 +289,12 @@ def _stage_entry(tg: int, k_contiguous, modes) -> dict:
             lines = [f"{i}    let {op}k = {st['K']};", f"{i}    let {op}g = {st['G']};"]
             if mode == "group":
                 at = "row0 + ag * 4u, k0 + ak" if op == "a" else "k0 + bk, col0 + bg * 4u"
-                lines.append(f"{i}    {op}_tile[{op}k * TG + {op}g] = load_{op}4(g, {at});")
+                lines.append(f"{i}    {tile_at(op, op + 'k', op + 'g')} = load_{op}4(g, {at});")
             elif op == "a":
-                lines.append(f"{i}    a_tile[ak * TG + ag] = vec4<f32>(" + ", ".join(
+                lines.append(f"{i}    {tile_at('a', 'ak', 'ag')} = vec4<f32>(" + ", ".join(
                     f"load_a(g, row0 + ag * 4u + {c}u, k0 + ak)" for c in range(4)) + ");")
             else:
-                lines.append(f"{i}    b_tile[bk * TG + bg] = vec4<f32>(" + ", ".join(
+                lines.append(f"{i}    {tile_at('b', 'bk', 'bg')} = vec4<f32>(" + ", ".join(
                     f"load_b(g, k0 + bk, col0 + bg * 4u + {c}u)" for c in range(4)) + ");")
         out[f"STAGE_{op.upper()}"] = "\n".join(lines)
     return out
@@ -349,9 +371,10 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     else:
         modes = [v[0] if v and GEMM_PLAN["vec4_loads"] and GEMM_PLAN["vec4_small_tiles"] else None for v in vec4]
         wgsl = render("igemm", COMMON=_vec4_common(gpu_common, decls, st, gpu_contract, modes, vec4),
-                      INNER_LOOP=INNER[tile // 4], TG=tile // 4,
+                      INNER_LOOP=INNER[tile // 4, GEMM_PLAN["tiles_2d"]], TG=tile // 4,
+                      TILE_TYPE=_tile_type(tile // 4, 16),
                       THREAD_XY=thread_xy(tile // 4, GEMM_PLAN["warp_rows_small"]),
-                      STAGED=4 * tile, **_stage_small(tile // 4, k_contiguous, modes))
+                      **_stage_small(tile // 4, k_contiguous, modes))
     threads = (tg, tg, 1)
     code = KernelCode(wgsl, threads, slots, (-(-n // tile), -(-m // tile), groups * split), label)
     code.gemm_decls, code.gemm_store = decls, st  # for variants with other main loops

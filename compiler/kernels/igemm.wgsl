@@ -8,8 +8,8 @@
 {{COMMON}}
 const TG: u32 = {{TG}}u;
 const TILE: u32 = 4u * TG;
-var<workgroup> a_tile: array<vec4<f32>, {{STAGED}}>;  // [16 k][TG row groups of 4]
-var<workgroup> b_tile: array<vec4<f32>, {{STAGED}}>;  // [16 k][TG col groups of 4]
+var<workgroup> a_tile: {{TILE_TYPE}};  // [16 k][TG row groups of 4]
+var<workgroup> b_tile: {{TILE_TYPE}};  // [16 k][TG col groups of 4]
 
 @compute @workgroup_size({{TG}}, {{TG}})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {

@@ -152,6 +152,35 @@ def test_warps_of_8_by_4_threads(case, tiles, device, monkeypatch):
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
+@pytest.mark.parametrize("case", ["128_k_and_groups", "128_transposed_vec4", "128_two_buffers", "64_8x8_per_thread",
+                                  "64_split_k", "32_split_k", "conv_grads"])
+def test_tiles_indexed_by_k_then_group(case, device, monkeypatch):
+    """GEMM_PLAN["tiles_2d"]: workgroup tiles declared [k][group] (wgpu's bounds checks then clamp
+    the group, the same every K step): matmuls on every tile size and kernel variant (two tile
+    buffers, 8x8 outputs on 64-tiles), ragged edges, split-K, and a convolution with both
+    gradients, against numpy / torch, in a Session with its default checks."""
+    from meganeura.compiler import codegen_gemm
+
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "tiles_2d", True)
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "double_buffer", case == "128_two_buffers")
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "regs64", case == "64_8x8_per_thread")
+    if case == "conv_grads":
+        model, vals, refs = _conv_with_gradients((2, 16, 10, 10), (70, 16, 3, 3), 1, seed=10, w_scale=0.2)
+    else:
+        sa, sb, ta = {"128_k_and_groups": ((2050, 40), (40, 2049), False),
+                      "128_transposed_vec4": ((20, 2048), (20, 2052), True),
+                      "128_two_buffers": ((2050, 44), (44, 2049), False),
+                      "64_8x8_per_thread": ((300, 700), (700, 130), False),
+                      "64_split_k": ((300, 700), (700, 130), False), "32_split_k": ((33, 300), (300, 70), False)}[case]
+        model, vals, refs = _matmul_case(sa, sb, ta, seed=10)
+    pkg = Package.from_bytes(compile_model(model))
+    gpu = [k["wgsl"] for k in pkg.manifest["kernels"] if "var<workgroup> a_tile" in k["wgsl"]]
+    assert gpu and all("var<workgroup> a_tile: array<array<vec4<f32>, " in k for k in gpu)
+    if case.startswith("128") or case == "64_8x8_per_thread":
+        assert any("acc0l" in k for k in gpu)
+    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
+
+
 @pytest.mark.parametrize("tiles", ["128", "64", "32"])
 @pytest.mark.parametrize("rows_fastest", [False, True])
 def test_k_contiguous_staging_orders(tiles, rows_fastest, device, monkeypatch):
