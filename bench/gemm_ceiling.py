@@ -4,7 +4,7 @@
 a * b + c) against cuBLAS fp32 (TF32 off) in the same process. Experiments for the
 compiler's 128-tile plan (codegen_gemm.GEMM_PLAN), not used by it.
 
-    python bench/gemm_ceiling.py [--size 4096] [--out DIR] [--no-torch]
+    python bench/gemm_ceiling.py [--size 4096] [--out DIR] [--no-torch] [--skip-fma] [--bisect]
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from timing import GpuTimer  # noqa: E402
 KERNELS = Path(__file__).resolve().parent / "kernels"
 # (name, tile rows, tile cols, rows per thread, cols per thread, BK, warp layout, fma builtin)
 VARIANTS = [
-    ("128x128 8x8 bk16 (as the compiler)", 128, 128, 8, 8, 16, "16x2", False),
+    ("128x128 8x8 bk16 (the compiler's layout)", 128, 128, 8, 8, 16, "16x2", False),
     ("128x128 8x8 bk16 fma()", 128, 128, 8, 8, 16, "16x2", True),
     ("128x128 8x8 bk16 warps 8x4", 128, 128, 8, 8, 16, "8x4", False),
     ("128x128 8x8 bk8", 128, 128, 8, 8, 8, "16x2", False),

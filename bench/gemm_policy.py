@@ -30,7 +30,8 @@ _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_f
       "big_split": 0, "regs64": False, "straight_staging": False, "conv_vec4_weights": False, "double_buffer": False,
       "warp_rows": 2, "warp_rows_small": 2, "k_rows_fastest": False,
       "tiles_2d": False}  # (each plan sets every key: plans run one after another)
-_BIG = {"big_bk": 8, "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
+_BIG = {"big_bk": 8,  # (16 before session 8: older result files measured these plans with 16)
+        "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
 _DEFAULT = {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128, "straight_staging": True}
 GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles only when M, N >= 128")
     "F": {**_F, **_BIG, "spread_a": False, "spread_b": False, "big_min_side": 0},

@@ -43,6 +43,8 @@ def thread_xy(tg: int, warp_rows: int) -> str:
     local_invocation_id lays them out; 4: 8 x 4, so that a warp's workgroup-memory reads of
     B touch 8 entries, one 128-byte pass, instead of 16)."""
     across = min(tg, 32 // warp_rows)
+    # (a warp's threads must tile the workgroup exactly, or two threads would own one output)
+    assert 32 % warp_rows == 0 and tg % across == 0 and 32 // across <= tg, (tg, warp_rows)
     if across == tg:
         return "    let tx = lid.x;\n    let ty = lid.y;"
     return (f"    let tx = (tid / 32u) % {tg // across}u * {across}u + tid % {across}u;\n"
@@ -193,7 +195,8 @@ GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 12
              # of 16), one barrier per step instead of two: 4096^3 3873 -> 4157 us (bench/REJECTED.md)
              "double_buffer": False,
              # threads of a warp as rows of threads (2: 16 x 2, 4: 8 x 4, see thread_xy), on 128-tiles and
-             # on 64-tiles: no faster (bench/REJECTED.md)
+             # on 64-tiles (16 x 16 threads; 8 x 8 workgroups are 8 x 4 warps either way): no faster
+             # (bench/REJECTED.md)
              "warp_rows": 2, "warp_rows_small": 2,
              # operands read 4 k at a time (K-contiguous: x @ w's x, x @ w^T's w): a warp stages 32
              # rows' same 4 k (its tile stores hit 32 banks) instead of 8 rows' 16 k: slower (REJECTED.md)
@@ -369,6 +372,7 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
                       THREAD_XY=thread_xy(tg, GEMM_PLAN["warp_rows"]),
                       **_stores128(tg), **_stage128(bk, k_contiguous, modes, tg))
     else:
+        assert bk == 16, bk  # igemm.wgsl steps K by 16: the edge guards above assume the plan's K step
         modes = [v[0] if v and GEMM_PLAN["vec4_loads"] and GEMM_PLAN["vec4_small_tiles"] else None for v in vec4]
         wgsl = render("igemm", COMMON=_vec4_common(gpu_common, decls, st, gpu_contract, modes, vec4),
                       INNER_LOOP=INNER[tile // 4, GEMM_PLAN["tiles_2d"]], TG=tile // 4,

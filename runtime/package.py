@@ -42,8 +42,8 @@ _SCALAR_BYTES = {"f32": 4, "i32": 4, "u32": 4, "f16": 2, "f": 4, "i": 4, "u": 4,
 
 def workgroup_bytes(wgsl: str):
     """Bytes of workgroup memory a kernel declares, as WebGPU counts them (each variable rounded
-    up to 16), or None when a declaration is of a type this does not size (arrays of scalars
-    or vectors with a literal length, scalars, vectors are sized; the compiler emits only those)."""
+    up to 16), or None when a declaration is of a type this does not size (scalars, vectors and
+    arrays of them or of such arrays, with literal lengths, are sized; the compiler emits only those)."""
     code = _COMMENTS.sub(" ", wgsl)
     total = 0
     for m in _ADDRESS_SPACE.finditer(code):

@@ -1,4 +1,4 @@
-// Standalone experimental GEMM for bench/gemm_variants.py (not used by the compiler): C = A @ B,
+// Standalone experimental GEMM for bench/gemm_ceiling.py (not used by the compiler): C = A @ B,
 // A [M, K] and B [K, N] row-major, every size a multiple of the tile (no edge guards).
 // A TM x TN tile per workgroup of 256 threads, RM x RN outputs per thread as vec4 column
 // groups, BK k per step, the next step's global loads held in registers while this one multiplies.

@@ -5,7 +5,8 @@
 // Accumulators (private arrays indexed in loops are a 60x trap on
 // NVIDIA). The operands are never materialised: load_a / load_b compute where each
 // element lives (a strided matrix for matmul; an im2col window for convolutions), and
-// store writes each result (where epilogues go). Edges are guarded: any M, N, K works.
+// store writes each result (where epilogues go). Edges are guarded where a tile or K step may
+// cross them (codegen_gemm.edge_guards): any M, N, K works.
 // K advances BK at a time; {{PREFETCH_NOTE}}
 {{COMMON}}
 const BK: u32 = {{BK}}u;

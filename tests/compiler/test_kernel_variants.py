@@ -200,12 +200,73 @@ def test_k_contiguous_staging_orders(tiles, rows_fastest, device, monkeypatch):
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
+def _consts(wgsl):
+    import re
+
+    return {k: int(v) for k, v in re.findall(r"const (\w+): u32 = (\d+)u;", wgsl)}
+
+
+def _guards(wgsl, fn):
+    """The condition of function `fn`'s edge check ('' when it has none)."""
+    import re
+
+    body = wgsl[wgsl.index(f"fn {fn}("):]
+    body = body[:body.index("\n}")]
+    m = re.search(r"if \(([^)]*)\) \{\n\s*return", body)
+    return m.group(1) if m else ""
+
+
+@pytest.mark.parametrize("plan", ["default", "double_buffer", "regs64", "big_bk_16"])
+def test_edge_guards_match_the_tiles(plan, monkeypatch):
+    """Compile only: in every GPU GEMM kernel of many shapes (ragged in M only, N only, K only,
+    whole; batched, transposed, split-K; convolutions with both gradients), each of load_a,
+    load_b, load_a4 / load_b4 and store checks exactly the dimensions its tile (or K step) does
+    not divide, read back from the kernel's own constants."""
+    import re
+
+    from meganeura.compiler import codegen_gemm
+
+    if plan != "default":
+        monkeypatch.setitem(codegen_gemm.GEMM_PLAN, *(("big_bk", 16) if plan == "big_bk_16" else (plan, True)))
+    models = [_matmul_case(sa, sb, ta, tb)[0] for sa, sb, ta, tb in [
+        ((2050, 16), (16, 2048), False, False), ((2048, 16), (16, 2050), False, False),
+        ((2048, 24), (24, 2048), False, False), ((2048, 20), (20, 2048), False, False),
+        ((2048, 36), (2049, 36), False, True), ((3, 2048, 8), (8, 1024), False, False),
+        ((300, 700), (700, 130), False, False), ((1040, 40), (40, 1040), False, False),
+        ((128, 1024), (1024, 128), False, False), ((33, 300), (300, 70), False, False),
+        ((40, 70), (40, 9), True, False)]]
+    models += [_conv_with_gradients(xs, ws, 1, seed=11)[0] for xs, ws in [
+        ((2, 16, 8, 8), (64, 16, 3, 3)), ((2, 3, 30, 30), (8, 3, 3, 3)), ((2, 4, 128, 128), (128, 4, 3, 3))]]
+    seen = set()
+    for model in models:
+        for k in Package.from_bytes(compile_model(model)).manifest["kernels"]:
+            w = k["wgsl"]
+            if "fn load_a(" not in w or k["label"].endswith("(cpu)"):
+                continue
+            c = _consts(w)
+            tile = int(re.search(r"let row0 = wg\.y \* (\d+)u;", w).group(1)) if "acc0l" in w else 4 * c["TG"]
+            bk = c.get("BK", 16)
+            assert c["KS"] % bk == 0, k["label"]
+            ragged = {"m": c["M"] % tile != 0, "n": c["N"] % tile != 0, "k": c["K"] % bk != 0}
+            for fn, dims in (("load_a", "mk"), ("load_b", "kn"), ("load_a4", "mk"), ("load_b4", "kn"), ("store", "mn")):
+                if f"fn {fn}(" not in w:
+                    continue
+                cond = _guards(w, fn)
+                for d in dims:
+                    assert (f"{d} >= {d.upper()}" in cond) == ragged[d], (k["label"], fn, d, c, tile, cond)
+            seen.add((tile == 128 or "acc0l" in w, ragged["m"], ragged["n"], ragged["k"]))
+    # both kernel families, and each dimension ragged alone as well as none
+    assert {big for big, *_ in seen} == {True, False}
+    assert {(True, False, False), (False, True, False), (False, False, True), (False, False, False)} <= \
+        {tuple(r) for _, *r in seen}, seen
+
+
 @pytest.mark.parametrize("case", ["128_tiles", "64_tiles_split_k", "128_tiles_ragged_k", "conv_grads"])
 def test_whole_tiles_go_unguarded(case, device):
     """Dimensions the GPU kernels' tiles and K steps divide are read and written without edge
     checks (codegen_gemm.edge_guards; a ragged one keeps its check, the CPU variant all of
     them): the answers against numpy / torch, and which checks each kernel kept."""
-    if case == "conv_grads":  # M 64, N 2 x 8 x 8, K 16 x 9: 32-tiles, whole (and the gradients' GEMMs)
+    if case == "conv_grads":  # the forward: M 64, N 2 x 8 x 8, K 16 x 9 on 32-tiles, whole (its gradients' are not)
         model, vals, refs = _conv_with_gradients((2, 16, 8, 8), (64, 16, 3, 3), 1, seed=8, w_scale=0.2)
     else:
         sa, sb = {"128_tiles": ((2048, 16), (16, 2048)), "64_tiles_split_k": ((128, 1024), (1024, 128)),
