@@ -68,6 +68,8 @@ EXPERIMENTS = {
     "--tiles-2d": ("codegen_gemm", ("GEMM_PLAN", "tiles_2d"), True,
                    "GEMM tiles indexed [k][group] (the bounds checks' clamps out of the inner loop)"),
     "--big-bk": ("codegen_gemm", ("GEMM_PLAN", "big_bk"), None, "128-tile matmuls' K step (16 or 8)"),
+    "--attention-tiles-2d": ("codegen_attention", ("ATTENTION_PLAN", "tiles_2d"), True,
+                             "the forward attention's key and value tiles indexed [key][vec4]"),
     "--attention-fill": ("codegen_attention", ("ATTENTION_BWD_PLAN", "fill"), None,
                          "workgroups the fused attention backward aims for by cutting its loops (0: whole loops)"),
 }

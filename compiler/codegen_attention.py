@@ -31,7 +31,11 @@ def _bind_strided(sched: Schedule, bind: _Bindings, i: int) -> tuple:
 # (bench/gemm_policy.py on the H200: SmolVLA's 163 keys 57 -> 32 us; 1,500 tokens 364 us at
 # 256 workgroups, 301 at 1,024, but the partial softmaxes then took Whisper-tiny's training
 # step from 267.6 to 277.0 MB, over PyTorch's 268.7: 512 keeps it at 267.9)
-ATTENTION_PLAN = {"min_split_keys": 32, "fill": 512, "min_keys": 64}
+ATTENTION_PLAN = {"min_split_keys": 32, "fill": 512, "min_keys": 64,
+                  # key and value tiles indexed [key][vec4], not key * DV4 + vec4: wgpu's bounds checks
+                  # then clamp the key once per key, not each of its 2 x DV4 reads (see
+                  # codegen_gemm's tiles_2d); unmeasured on the GPU: off until then
+                  "tiles_2d": False}
 # the forward kernel's key and value tiles take at most this much workgroup memory: tiles of 32
 # keys up to 128-wide heads, fewer keys past that (SD-1.5's 160-wide heads: 25), so that devices
 # allowing 32 KiB (lavapipe, Apple) run every model; 48 KiB devices would take 38
@@ -104,9 +108,13 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
 
     tile = max(1, min(32, SHARED_BUDGET // (2 * 16 * dv4)))  # keys per staged tile: k and v, 16 bytes a vec4
 
+    two = ATTENTION_PLAN["tiles_2d"]
+
     def body(shared: bool):
-        key = (lambda c: f"k_tile[jj * {dv4}u + {c}u]") if shared else (lambda c: f"k4(k_base, j, {c}u)")
-        val = (lambda c: f"v_tile[jj * {dv4}u + {c}u]") if shared else (lambda c: f"v4(v_base, j, {c}u)")
+        def tile_at(name, c):
+            return f"{name}[jj][{c}u]" if two else f"{name}[jj * {dv4}u + {c}u]"
+        key = (lambda c: tile_at("k_tile", c)) if shared else (lambda c: f"k4(k_base, j, {c}u)")
+        val = (lambda c: tile_at("v_tile", c)) if shared else (lambda c: f"v4(v_base, j, {c}u)")
         score = "            let s = (" + " + ".join(f"dot(q{c}, {key(c)})" for c in range(dv4)) + ") * SCALE;"
         update = "\n".join(f"                acc{c} = acc{c} * corr + p * {val(c)};" for c in range(dv4))
         stage = ""
@@ -115,11 +123,14 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
                 f"        for (var i = lid; i < TILE * {dv4}u; i = i + 64u) {{",
                 f"            let jj = i / {dv4}u;", f"            let c = i % {dv4}u;",
                 "            let jk = min(j0 + jj, T - 1u);",
-                "            k_tile[i] = k4(k_base, jk, c);", "            v_tile[i] = v4(v_base, jk, c);",
+                f"            k_tile[{'jj][c' if two else 'i'}] = k4(k_base, jk, c);",
+                f"            v_tile[{'jj][c' if two else 'i'}] = v4(v_base, jk, c);",
                 "        }", "        workgroupBarrier();"])
         return dict(SCORE=score, ACC_UPDATE=update, STAGE=stage,
                     STAGE_END="        workgroupBarrier();" if shared else "",
-                    SHARED="shared" if shared else "not shared", TILE_VEC4=tile * dv4 if shared else 1,
+                    SHARED="shared" if shared else "not shared",
+                    TILE_TYPE=(f"array<array<vec4<f32>, {dv4}>, {tile}>" if two and shared
+                               else f"array<vec4<f32>, {tile * dv4 if shared else 1}>"),
                     TILE=tile if shared else 32)
 
     wgsl = render("attention", **common, **body(True))

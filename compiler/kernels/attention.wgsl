@@ -18,8 +18,8 @@ const TILE: u32 = {{TILE}}u;  // 32, or fewer for wide heads (codegen_attention.
 const SPLIT: u32 = {{SPLIT}}u;  // keys cut into SPLIT ranges of KL, merged by a second kernel
 const KL: u32 = {{KL}}u;
 
-var<workgroup> k_tile: array<vec4<f32>, {{TILE_VEC4}}>;
-var<workgroup> v_tile: array<vec4<f32>, {{TILE_VEC4}}>;
+var<workgroup> k_tile: {{TILE_TYPE}};
+var<workgroup> v_tile: {{TILE_TYPE}};
 
 // q, k and v are read through strides (batch, head, token; the head dim is contiguous), so
 // a [b, t, h, d] -> [b, h, t, d] transpose in front of attention costs no copy

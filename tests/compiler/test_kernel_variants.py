@@ -408,6 +408,40 @@ def test_fused_attention_both_variants(causal, device_class, device):
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
 
 
+@pytest.mark.parametrize("case", ["grouped_causal", "split_keys", "wide_heads"])
+def test_attention_tiles_indexed_by_key_then_vec4(case, device, monkeypatch):
+    """ATTENTION_PLAN["tiles_2d"]: the forward kernel's key and value tiles declared [key][vec4]:
+    grouped-query heads with a causal mask, keys split across workgroups, 160-wide heads (25
+    keys a tile), against torch, in a Session with its default checks; the same workgroup bytes."""
+    import torch
+
+    from meganeura.compiler import codegen_attention
+    from meganeura.runtime.package import workgroup_bytes
+
+    monkeypatch.setitem(codegen_attention.ATTENTION_PLAN, "tiles_2d", True)
+    shapes, causal, rep = {"grouped_causal": ({"q": (2, 4, 70, 16), "k": (2, 2, 75, 16), "v": (2, 2, 75, 16)}, True, 2),
+                           "split_keys": ({"q": (1, 2, 20, 32), "k": (1, 2, 300, 32), "v": (1, 2, 300, 32)}, False, 1),
+                           "wide_heads": ({"q": (1, 2, 70, 160), "k": (1, 2, 60, 160), "v": (1, 2, 60, 160)}, False, 1)}[case]
+    rng = np.random.default_rng(12)
+    b = Builder()
+    ins = {n: b.input(n, sh) for n, sh in shapes.items()}
+    b.output("o", b.attention(ins["q"], ins["k"], ins["v"], causal=causal))
+    pkg = Package.from_bytes(compile_model(b.build()))
+    fwd = next(k["wgsl"] for k in pkg.manifest["kernels"] if k["label"] == "attention")
+    assert "var<workgroup> k_tile: array<array<vec4<f32>, " in fwd and "k_tile[jj][0u]" in fwd
+    if case == "wide_heads":
+        assert workgroup_bytes(fwd) == 32000
+    if case == "split_keys":
+        assert any(k["label"] == "attention/merge" for k in pkg.manifest["kernels"])
+    vals = {n: rng.standard_normal(sh) for n, sh in shapes.items()}
+    got = Session(device, pkg, device_class="gpu").run("infer", vals)["o"]
+    s_, t_ = shapes["q"][2], shapes["k"][2]
+    mask = torch.ones(s_, t_, dtype=torch.bool).tril(diagonal=t_ - s_) if causal else None
+    tk, tv = (torch.tensor(vals[n]).repeat_interleave(rep, 1) for n in "kv")
+    ref = torch.nn.functional.scaled_dot_product_attention(torch.tensor(vals["q"]), tk, tv, attn_mask=mask).numpy()
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
+
+
 @pytest.mark.parametrize("d", [128, 160])
 def test_wide_heads_stage_fewer_keys(d, device):
     """Heads wider than 128 stage fewer than 32 keys per tile, so that the forward kernel's
