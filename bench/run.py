@@ -70,6 +70,8 @@ EXPERIMENTS = {
     "--big-bk": ("codegen_gemm", ("GEMM_PLAN", "big_bk"), None, "128-tile matmuls' K step (16 or 8)"),
     "--attention-tiles-2d": ("codegen_attention", ("ATTENTION_PLAN", "tiles_2d"), True,
                              "the forward attention's key and value tiles indexed [key][vec4]"),
+    "--attention-bwd-tiles-2d": ("codegen_attention", ("ATTENTION_BWD_PLAN", "tiles_2d"), True,
+                                 "the fused attention backward's tiles indexed [row][column]"),
     "--attention-fill": ("codegen_attention", ("ATTENTION_BWD_PLAN", "fill"), None,
                          "workgroups the fused attention backward aims for by cutting its loops (0: whole loops)"),
 }

@@ -180,7 +180,26 @@ def _loader(fn: str, buf: str, vec4: bool = False) -> str:
 # H200 (bench/gemm_policy.py, forward included): Whisper-tiny's 1,500 tokens (282 workgroups a
 # kernel) 2,068 -> 1,719 us a layer at 1,056 (528: 1,829; 2,112: 1,760 and +20 MB of partials),
 # its step 14.85 -> 13.41 ms; SD-1.5's cross-attention (77 keys) 850 -> 385 us.
-ATTENTION_BWD_PLAN = {"vec4_loads": False, "fill": 1056, "max_chunks": 8, "min_blocks": 4}
+ATTENTION_BWD_PLAN = {"vec4_loads": False, "fill": 1056, "max_chunks": 8, "min_blocks": 4,
+                      # workgroup tiles indexed [row][column], not row * stride + column: wgpu's bounds
+                      # checks then clamp a row once per loop step, not every read (see codegen_gemm's
+                      # tiles_2d); unmeasured on the GPU: off until then
+                      "tiles_2d": False}
+
+
+def _at(name: str, row: str, col: str, stride: str) -> str:
+    """A backward kernel's workgroup-tile element (see ATTENTION_BWD_PLAN["tiles_2d"])."""
+    return f"{name}[{row}][{col}]" if ATTENTION_BWD_PLAN["tiles_2d"] else f"{name}[{row} * {stride} + {col}]"
+
+
+def _tile_type(rows: int, cols: int, item: str = "vec4<f32>") -> str:
+    return f"array<array<{item}, {cols}>, {rows}>" if ATTENTION_BWD_PLAN["tiles_2d"] else f"array<{item}, {rows * cols}>"
+
+
+def _template_at() -> dict:
+    """The backward templates' own tile reads: RC (row r, column c) and LID_C (row lid)."""
+    two = ATTENTION_BWD_PLAN["tiles_2d"]
+    return {"RC": "r][c" if two else "r * STR + c", "LID_C": "lid][c" if two else "lid * STR + c"}
 
 
 def _chunks(workgroups: int, blocks: int) -> tuple:
@@ -214,10 +233,10 @@ def _score_tile(rt: int, ct: int, tx: int, width: int, lse: str, delta: str, p_s
     rc = [(r, c) for r in range(rt) for c in range(ct)]
     out = [f"{ind}var s{r}_{c} = 0.0;\n{ind}var dp{r}_{c} = 0.0;" for r, c in rc]
     out.append(f"{ind}for (var c = 0u; c < DV4; c = c + 1u) {{")
-    out += [f"{ind}    let qa{r} = q_t[(ty * RT + {r}u) * STR + c];\n"
-            f"{ind}    let oa{r} = do_t[(ty * RT + {r}u) * STR + c];" for r in range(rt)]
-    out += [f"{ind}    let kb{c} = k_t[(tx + {tx * c}u) * STR + c];\n"
-            f"{ind}    let vb{c} = v_t[(tx + {tx * c}u) * STR + c];" for c in range(ct)]
+    out += [f"{ind}    let qa{r} = {_at('q_t', f'(ty * RT + {r}u)', 'c', 'STR')};\n"
+            f"{ind}    let oa{r} = {_at('do_t', f'(ty * RT + {r}u)', 'c', 'STR')};" for r in range(rt)]
+    out += [f"{ind}    let kb{c} = {_at('k_t', f'(tx + {tx * c}u)', 'c', 'STR')};\n"
+            f"{ind}    let vb{c} = {_at('v_t', f'(tx + {tx * c}u)', 'c', 'STR')};" for c in range(ct)]
     out += [f"{ind}    s{r}_{c} = s{r}_{c} + dot(qa{r}, kb{c});\n"
             f"{ind}    dp{r}_{c} = dp{r}_{c} + dot(oa{r}, vb{c});" for r, c in rc]
     out.append(f"{ind}}}")
@@ -226,13 +245,13 @@ def _score_tile(rt: int, ct: int, tx: int, width: int, lse: str, delta: str, p_s
                 f"{ind}let lse{r} = {lse.format(r=r)};", f"{ind}let dd{r} = {delta.format(r=r)};"]
         for c in range(ct):
             # causal: query i sees key j when j <= i + (T - S); rows and keys past the ends get P = 0
-            at = f"row{r} * {width}u + tx + {tx * c}u"
+            at = (f"row{r}", f"tx + {tx * c}u", f"{width}u")
             out += [f"{ind}let kj{r}_{c} = j0 + tx + {tx * c}u;",
                     f"{ind}let ok{r}_{c} = qi{r} < S && kj{r}_{c} < T && (!CAUSAL || kj{r}_{c} <= qi{r} + (T - S));",
                     f"{ind}let p{r}_{c} = select(0.0, exp(s{r}_{c} * SCALE - lse{r}), ok{r}_{c});",
-                    f"{ind}ds_t[{at}] = p{r}_{c} * (dp{r}_{c} - dd{r});"]
+                    f"{ind}{_at('ds_t', *at)} = p{r}_{c} * (dp{r}_{c} - dd{r});"]
             if p_store:
-                out.append(f"{ind}p_t[{at}] = p{r}_{c};")
+                out.append(f"{ind}{_at('p_t', *at)} = p{r}_{c};")
     return "\n".join(out)
 
 
@@ -302,8 +321,9 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
     ty, tx = _lanes(bq, dv4), _lanes(bk, dv4)
     rt, nch = bq // ty, -(-dv4 // tx)
     rn = [(r, c) for r in range(rt) for c in range(nch)] if 0 in wrt else []
-    step = "\n".join([f"            let a{r} = ds_t[(ty * RT + {r}u) * BK + jj];" for r in range(rt)]
-                     + [f"            let kk{c} = k_t[jj * STR + min(tx + {tx * c}u, DV4 - 1u)];" for c in range(nch)]
+    step = "\n".join([f"            let a{r} = {_at('ds_t', f'(ty * RT + {r}u)', 'jj', 'BK')};" for r in range(rt)]
+                     + [f"            let kk{c} = {_at('k_t', 'jj', f'min(tx + {tx * c}u, DV4 - 1u)', 'STR')};"
+                        for c in range(nch)]
                      + [f"            dq{r}_{c} = dq{r}_{c} + a{r} * kk{c};" for r, c in rn]) if rn else ""
     store = ""
     chunks, per = _chunks(-(-s // bq) * b * h, -(-t // bk)) if rn else (1, -(-t // bk))
@@ -320,9 +340,10 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
     decls = declare(bind, names) + f"\n@group(0) @binding({len(names)}) var<storage, read_write> delta: array<f32>;"
     tile = _score_tile(rt, bk // tx, tx, bk, "lse_t[row{r}]", "d_t[row{r}]", False, " " * 8) if rn else ""
     wgsl = render("attention_dq", BINDINGS=decls, LOADERS=loaders, BQ=bq, BK=bk, KC=per * bk, RT=rt, NT=ty * tx, TX=tx,
-                  BQ_STR=bq * stride, BK_STR=bk * stride, BQ_BK=bq * bk, WANT_DQ=str(bool(rn)).lower(), TILE=tile,
+                  QD_TILE=_tile_type(bq, stride), KV_TILE=_tile_type(bk, stride), DS_TILE=_tile_type(bq, bk, "f32"),
+                  WANT_DQ=str(bool(rn)).lower(), TILE=tile,
                   ACC_DECL="\n".join(f"    var dq{r}_{c} = vec4<f32>(0.0);" for r, c in rn),
-                  DQ_STEP=step, STORE=store, **subs, **common)
+                  DQ_STEP=step, STORE=store, **subs, **common, **_template_at())
     dq = KernelCode(wgsl, (ty * tx, 1, 1), bind.list() + [(temp, "read_write")], (-(-s // bq), b * h, chunks),
                     "attention_dq" + ("/split" if partial else ""))
     dq.temps = {temp: b * h * s * 4}
@@ -348,10 +369,10 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
     rj, nch = bc // ty, -(-dv4 // tx)
     rn = [(r, c) for r in range(rj) for c in range(nch)]
     ind = " " * 16
-    step = "\n".join([f"{ind}let pp{r} = p_t[ii * BC + ty * RJ + {r}u];\n"
-                      f"{ind}let sd{r} = ds_t[ii * BC + ty * RJ + {r}u];" for r in range(rj)]
-                     + [f"{ind}let ob{c} = do_t[ii * STR + min(tx + {tx * c}u, DV4 - 1u)];\n"
-                        f"{ind}let qb{c} = q_t[ii * STR + min(tx + {tx * c}u, DV4 - 1u)];" for c in range(nch)]
+    step = "\n".join([f"{ind}let pp{r} = {_at('p_t', 'ii', f'ty * RJ + {r}u', 'BC')};\n"
+                      f"{ind}let sd{r} = {_at('ds_t', 'ii', f'ty * RJ + {r}u', 'BC')};" for r in range(rj)]
+                     + [f"{ind}let ob{c} = {_at('do_t', 'ii', f'min(tx + {tx * c}u, DV4 - 1u)', 'STR')};\n"
+                        f"{ind}let qb{c} = {_at('q_t', 'ii', f'min(tx + {tx * c}u, DV4 - 1u)', 'STR')};" for c in range(nch)]
                      + [f"{ind}dv{r}_{c} = dv{r}_{c} + pp{r} * ob{c};\n{ind}dk{r}_{c} = dk{r}_{c} + sd{r} * qb{c};"
                         for r, c in rn])
     store = "\n".join(_store_rows(name, rj, nch, tx, dv4, "j0 + ty * RJ", "T", f"(wg.z * {b * hk * t}u + bhk * T + {{row}})"
@@ -362,11 +383,11 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
     tile = _score_tile(br // ty, bc // tx, tx, bc, "lse[bh * S + min(qi{r}, S - 1u)]",
                        "delta[bh * S + min(qi{r}, S - 1u)]", True, " " * 12)
     wgsl = render("attention_dkv", BINDINGS=decls, LOADERS=loaders, BC=bc, BR=br, QC=per * br, RT=br // ty, RJ=rj,
-                  NT=ty * tx,
-                  TX=tx, BC_STR=bc * stride, BR_STR=br * stride, BR_BC=br * bc, TILE=tile,
+                  NT=ty * tx, TX=tx, TILE=tile,
+                  KV_TILE=_tile_type(bc, stride), QD_TILE=_tile_type(br, stride), P_TILE=_tile_type(br, bc, "f32"),
                   ACC_DECL="\n".join(f"    var dk{r}_{c} = vec4<f32>(0.0);\n    var dv{r}_{c} = vec4<f32>(0.0);"
                                      for r, c in rn),
-                  DKV_STEP=step, STORE=store, **subs, **common)
+                  DKV_STEP=step, STORE=store, **subs, **common, **_template_at())
     dkv = KernelCode(wgsl, (ty * tx, 1, 1), bind.list() + [(temp, "read")], (-(-t // bc), b * hk, chunks),
                      "attention_dkv" + ("/split" if partials else ""))
     codes.append(dkv)

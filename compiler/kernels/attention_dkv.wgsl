@@ -25,12 +25,12 @@ const RT: u32 = {{RT}}u;  // BR / TY
 const RJ: u32 = {{RJ}}u;  // BC / TY
 const QC: u32 = {{QC}}u;  // queries per chunk: a multiple of BR
 
-var<workgroup> k_t: array<vec4<f32>, {{BC_STR}}>;
-var<workgroup> v_t: array<vec4<f32>, {{BC_STR}}>;
-var<workgroup> q_t: array<vec4<f32>, {{BR_STR}}>;
-var<workgroup> do_t: array<vec4<f32>, {{BR_STR}}>;
-var<workgroup> p_t: array<f32, {{BR_BC}}>;
-var<workgroup> ds_t: array<f32, {{BR_BC}}>;
+var<workgroup> k_t: {{KV_TILE}};
+var<workgroup> v_t: {{KV_TILE}};
+var<workgroup> q_t: {{QD_TILE}};
+var<workgroup> do_t: {{QD_TILE}};
+var<workgroup> p_t: {{P_TILE}};
+var<workgroup> ds_t: {{P_TILE}};
 
 {{LOADERS}}
 
@@ -46,8 +46,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let r = e / DV4;
         let c = e % DV4;
         let j = min(j0 + r, T - 1u);  // keys past the end repeat the last one; never stored
-        k_t[r * STR + c] = k4(k_base + j * {{KST}}u, c);
-        v_t[r * STR + c] = v4(v_base + j * {{VST}}u, c);
+        k_t[{{RC}}] = k4(k_base + j * {{KST}}u, c);
+        v_t[{{RC}}] = v4(v_base + j * {{VST}}u, c);
     }
     let ty = lid / TX;
     let tx = lid % TX;
@@ -66,8 +66,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 let r = e / DV4;
                 let c = e % DV4;
                 let i = min(i0 + r, S - 1u);
-                q_t[r * STR + c] = q4(q_base + i * {{QST}}u, c);
-                do_t[r * STR + c] = do4(do_base + i * {{DST}}u, c);
+                q_t[{{RC}}] = q4(q_base + i * {{QST}}u, c);
+                do_t[{{RC}}] = do4(do_base + i * {{DST}}u, c);
             }
             workgroupBarrier();
 {{TILE}}

@@ -25,11 +25,11 @@ const TX: u32 = {{TX}}u;
 const RT: u32 = {{RT}}u;  // BQ / TY
 const KC: u32 = {{KC}}u;  // keys per chunk: a multiple of BK
 
-var<workgroup> q_t: array<vec4<f32>, {{BQ_STR}}>;
-var<workgroup> do_t: array<vec4<f32>, {{BQ_STR}}>;
-var<workgroup> k_t: array<vec4<f32>, {{BK_STR}}>;
-var<workgroup> v_t: array<vec4<f32>, {{BK_STR}}>;
-var<workgroup> ds_t: array<f32, {{BQ_BK}}>;
+var<workgroup> q_t: {{QD_TILE}};
+var<workgroup> do_t: {{QD_TILE}};
+var<workgroup> k_t: {{KV_TILE}};
+var<workgroup> v_t: {{KV_TILE}};
+var<workgroup> ds_t: {{DS_TILE}};
 var<workgroup> d_t: array<f32, {{BQ}}>;
 var<workgroup> lse_t: array<f32, {{BQ}}>;
 
@@ -50,15 +50,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let r = e / DV4;
         let c = e % DV4;
         let i = min(i0 + r, S - 1u);  // rows past the end repeat the last one; never stored
-        q_t[r * STR + c] = q4(q_base + i * {{QST}}u, c);
-        do_t[r * STR + c] = do4(do_base + i * {{DST}}u, c);
+        q_t[{{RC}}] = q4(q_base + i * {{QST}}u, c);
+        do_t[{{RC}}] = do4(do_base + i * {{DST}}u, c);
     }
     workgroupBarrier();
     if (lid < BQ) {
         let i = min(i0 + lid, S - 1u);
         var acc = 0.0;
         for (var c = 0u; c < DV4; c = c + 1u) {
-            acc = acc + dot(do_t[lid * STR + c], o4(o_base + i * {{OST}}u, c));
+            acc = acc + dot(do_t[{{LID_C}}], o4(o_base + i * {{OST}}u, c));
         }
         d_t[lid] = acc;
         lse_t[lid] = lse[bh * S + i];
@@ -78,8 +78,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let r = e / DV4;
             let c = e % DV4;
             let j = min(j0 + r, T - 1u);
-            k_t[r * STR + c] = k4(k_base + j * {{KST}}u, c);
-            v_t[r * STR + c] = v4(v_base + j * {{VST}}u, c);
+            k_t[{{RC}}] = k4(k_base + j * {{KST}}u, c);
+            v_t[{{RC}}] = v4(v_base + j * {{VST}}u, c);
         }
         workgroupBarrier();
 {{TILE}}

@@ -113,6 +113,39 @@ def test_fused_backward_matches_torch(name, vec4, split, device, monkeypatch):
     assert max(errors.values()) <= TOL, errors
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["whole_loops", "split_loops"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fused_backward_with_tiles_indexed_by_row_then_column(name, split, device, monkeypatch):
+    """ATTENTION_BWD_PLAN["tiles_2d"] (off by default until timed on a GPU): every workgroup
+    tile of both backward kernels declared [row][column], in a Session with its default checks;
+    the same answers, and the same workgroup bytes as the flat tiles."""
+    from meganeura.compiler import codegen_attention
+    from meganeura.runtime.package import workgroup_bytes
+
+    _split_loops(monkeypatch, split)
+    qs, ks, at = CASES[name]
+    flat = _kernels(qs, ks, at)
+    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "tiles_2d", True)
+    two = _kernels(qs, ks, at)
+    backward = [lab for lab in two if lab.startswith(("attention_dq", "attention_dkv")) and "/sum" not in lab]
+    assert backward and all("var<workgroup> k_t: array<array<vec4<f32>, " in two[lab] for lab in backward)
+    assert all(workgroup_bytes(two[lab]) == workgroup_bytes(flat[lab]) for lab in backward)
+    got, ref, _ = _run(device, qs, ks, at)
+    errors = {k: rel(got[k], r) for k, r in ref.items()}
+    assert max(errors.values()) <= TOL, errors
+
+
+def _kernels(qs, ks, at) -> dict:
+    """Label -> WGSL of the kernels of an attention's forward and gradients (compile only)."""
+    b = Builder()
+    ins = {"q": b.input("q", qs), "k": b.input("k", ks), "v": b.input("v", ks)}
+    o = b.attention(ins["q"], ins["k"], ins["v"], **at)
+    grads = gradients(b.e, b.sum(o * b.input("ct", o.shape)).id, [ins[n].id for n in "qkv"])
+    for n in "qkv":
+        b.g.outputs["g" + n] = grads[ins[n].id]
+    return {k["label"]: k["wgsl"] for k in Package.from_bytes(compile_graph(b.g)).manifest["kernels"]}
+
+
 def test_head_dims_past_the_tiles_fall_back_to_the_decomposition(device):
     """d = 256: no block size fits 32 KiB of workgroup memory; the decomposition's gradient runs."""
     got, ref, labels = _run(device, (1, 2, 13, 256), (1, 2, 13, 256), {})
