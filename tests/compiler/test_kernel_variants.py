@@ -153,7 +153,7 @@ def test_warps_of_8_by_4_threads(case, tiles, device, monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["128_k_and_groups", "128_transposed_vec4", "128_two_buffers", "64_8x8_per_thread",
-                                  "64_split_k", "32_split_k", "conv_grads"])
+                                  "64_split_k", "32_split_k", "conv_grads", "128_x_wT", "64_x_wT", "64_group_loads"])
 def test_tiles_indexed_by_k_then_group(case, device, monkeypatch):
     """GEMM_PLAN["tiles_2d"]: workgroup tiles declared [k][group] (wgpu's bounds checks then clamp
     the group, the same every K step): matmuls on every tile size and kernel variant (two tile
@@ -167,15 +167,23 @@ def test_tiles_indexed_by_k_then_group(case, device, monkeypatch):
     if case == "conv_grads":
         model, vals, refs = _conv_with_gradients((2, 16, 10, 10), (70, 16, 3, 3), 1, seed=10, w_scale=0.2)
     else:
-        sa, sb, ta = {"128_k_and_groups": ((2050, 40), (40, 2049), False),
-                      "128_transposed_vec4": ((20, 2048), (20, 2052), True),
-                      "128_two_buffers": ((2050, 44), (44, 2049), False),
-                      "64_8x8_per_thread": ((300, 700), (700, 130), False),
-                      "64_split_k": ((300, 700), (700, 130), False), "32_split_k": ((33, 300), (300, 70), False)}[case]
-        model, vals, refs = _matmul_case(sa, sb, ta, seed=10)
+        sa, sb, ta, tb = {"128_k_and_groups": ((2050, 40), (40, 2049), False, False),
+                          "128_transposed_vec4": ((20, 2048), (20, 2052), True, False),
+                          "128_two_buffers": ((2050, 44), (44, 2049), False, False),
+                          "64_8x8_per_thread": ((300, 700), (700, 130), False, False),
+                          "64_split_k": ((300, 700), (700, 130), False, False),
+                          "32_split_k": ((33, 300), (300, 70), False, False),
+                          # x @ w^T: B read 4 k at a time; and 16-byte group loads on small tiles
+                          "128_x_wT": ((2050, 64), (2049, 64), False, True),
+                          "64_x_wT": ((300, 700), (132, 700), False, True),
+                          "64_group_loads": ((300, 700), (700, 132), False, False)}[case]
+        model, vals, refs = _matmul_case(sa, sb, ta, tb, seed=10)
     pkg = Package.from_bytes(compile_model(model))
     gpu = [k["wgsl"] for k in pkg.manifest["kernels"] if "var<workgroup> a_tile" in k["wgsl"]]
     assert gpu and all("var<workgroup> a_tile: array<array<vec4<f32>, " in k for k in gpu)
+    marker = {"128_x_wT": "b_tile[bq0 * 4u + 0u][br0 / 4u]", "64_x_wT": "b_tile[qb * 4u + 0u][rb / 4u]",
+              "64_group_loads": "b_tile[bk][bg] = load_b4"}.get(case)
+    assert marker is None or any(marker in k for k in gpu), case
     if case.startswith("128") or case == "64_8x8_per_thread":
         assert any("acc0l" in k for k in gpu)
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
