@@ -19,31 +19,26 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import GpuTimer  # noqa: E402
 
+from meganeura.compiler.wgsl import fill  # noqa: E402
+
 KERNELS = Path(__file__).resolve().parent / "kernels"
-# (name, tile rows, tile cols, rows per thread, cols per thread, BK, warp layout, fma builtin)
+# (tile rows, tile cols, rows per thread, cols per thread, BK, warp layout across x down, fma builtin);
+# 128x128, 8x8, BK 16, 16 x 2 warps is the compiler's layout before session 8 (it now steps K by 8)
 VARIANTS = [
-    ("128x128 8x8 bk16 (the compiler's layout)", 128, 128, 8, 8, 16, "16x2", False),
-    ("128x128 8x8 bk16 fma()", 128, 128, 8, 8, 16, "16x2", True),
-    ("128x128 8x8 bk16 warps 8x4", 128, 128, 8, 8, 16, "8x4", False),
-    ("128x128 8x8 bk8", 128, 128, 8, 8, 8, "16x2", False),
-    ("128x256 8x16 bk8", 128, 256, 8, 16, 8, "16x2", False),
-    ("128x256 8x16 bk16", 128, 256, 8, 16, 16, "16x2", False),
-    ("128x256 8x16 bk8 warps 8x4", 128, 256, 8, 16, 8, "8x4", False),
-    ("256x128 16x8 bk8", 256, 128, 16, 8, 8, "16x2", False),
-    ("256x128 16x8 bk8 warps 8x4", 256, 128, 16, 8, 8, "8x4", False),
-    ("256x128 16x8 bk8 warps 4x8", 256, 128, 16, 8, 8, "4x8", False),
-    ("128x256 8x16 bk8 warps 4x8", 128, 256, 8, 16, 8, "4x8", False),
-    ("128x128 8x8 bk16 warps 4x8", 128, 128, 8, 8, 16, "4x8", False),
-    ("128x128 8x8 bk8 warps 8x4", 128, 128, 8, 8, 8, "8x4", False),
+    (128, 128, 8, 8, 16, "16x2", False), (128, 128, 8, 8, 16, "16x2", True), (128, 128, 8, 8, 16, "8x4", False),
+    (128, 128, 8, 8, 16, "4x8", False), (128, 128, 8, 8, 8, "16x2", False), (128, 128, 8, 8, 8, "8x4", False),
+    (128, 256, 8, 16, 8, "16x2", False), (128, 256, 8, 16, 16, "16x2", False), (128, 256, 8, 16, 8, "8x4", False),
+    (128, 256, 8, 16, 8, "4x8", False), (256, 128, 16, 8, 8, "16x2", False), (256, 128, 16, 8, 8, "8x4", False),
+    (256, 128, 16, 8, 8, "4x8", False),
 ]
 
 
+def variant_name(tm, tn, rm, rn, bk, warps, use_fma) -> str:
+    return f"{tm}x{tn} {rm}x{rn} bk{bk} warps {warps}" + (" fma()" if use_fma else "")
+
+
 def _render(name: str, **holes) -> str:
-    text = (KERNELS / f"{name}.wgsl").read_text()
-    for k, v in holes.items():
-        text = text.replace("{{" + k + "}}", str(v))
-    assert "{{" not in text, text[text.index("{{"):][:40]
-    return text
+    return fill((KERNELS / f"{name}.wgsl").read_text(), **holes)
 
 
 def gemm_wgsl(m, n, k, tm, tn, rm, rn, bk, warps, use_fma) -> str:
@@ -132,23 +127,22 @@ class Runner:
         for i in range(passes + 1):
             enc = self.dev.create_command_encoder()
             if warm_first:
-                cp = enc.begin_compute_pass()
-                cp.set_pipeline(p)
-                cp.set_bind_group(0, group)
-                cp.dispatch_workgroups(*grid)
-                cp.end()
-            cp = enc.begin_compute_pass(**self.timer.pass_kwargs())
-            cp.set_pipeline(p)
-            cp.set_bind_group(0, group)
-            for _ in range(per_pass):
-                cp.dispatch_workgroups(*grid)
-            cp.end()
+                self._dispatch(enc.begin_compute_pass(), p, group, grid, 1)
+            self._dispatch(enc.begin_compute_pass(**self.timer.pass_kwargs()), p, group, grid, per_pass)
             self.timer.finish(enc)
             self.dev.queue.submit([enc.finish()])
             s = self.timer.seconds()
             if i:  # the first pass warms up
                 out.append(s / per_pass)
         return float(np.median(out))
+
+    @staticmethod
+    def _dispatch(cp, p, group, grid, count):
+        cp.set_pipeline(p)
+        cp.set_bind_group(0, group)
+        for _ in range(count):
+            cp.dispatch_workgroups(*grid)
+        cp.end()
 
     def read(self, buf, dtype=np.float32):
         return np.frombuffer(self.dev.queue.read_buffer(buf), dtype)
@@ -169,47 +163,34 @@ def fma_peak(run: Runner, rows: list, threads: int):
                       f"{flops / s / 1e12:6.1f} TFLOP/s", flush=True)
 
 
-def gemms(run: Runner, size: int, rows: list, torch_ok: bool):
+def _operands(run: Runner, size: int):
+    """Random size x size A and B on the GPU, C's buffer, and float64 A @ B's first 64 rows."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((size, size), dtype=np.float32)
     b = rng.standard_normal((size, size), dtype=np.float32)
-    ref = None
-    if torch_ok:
-        import torch
+    return [run.buffer(a), run.buffer(b), run.buffer(size=size * size * 4)], (a[:64].astype(np.float64) @ b)
 
-        torch.backends.cuda.matmul.allow_tf32 = False
-        ta, tb = torch.tensor(a, device="cuda"), torch.tensor(b, device="cuda")
-        ref = (ta @ tb).cpu().numpy()
-        for _ in range(3):
-            ta @ tb
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(5):
-            s.record()
-            for _ in range(10):
-                ta @ tb
-            e.record()
-            torch.cuda.synchronize()
-            times.append(s.elapsed_time(e) / 10 * 1e-3)
-        t = float(np.median(times))
-        rows.append({"bench": "gemm", "variant": "cuBLAS fp32", "us": t * 1e6, "tflops": 2 * size ** 3 / t / 1e12})
-        print(f"gemm {size}^3 cuBLAS fp32: {t * 1e6:8.1f} us  {2 * size ** 3 / t / 1e12:5.1f} TFLOP/s", flush=True)
-    else:
-        ref = (a[:64].astype(np.float64) @ b).astype(np.float32)
-    ba, bb, bc = run.buffer(a), run.buffer(b), run.buffer(size=size * size * 4)
-    for name, tm, tn, rm, rn, bk, warps, use_fma in VARIANTS:
-        if size % tm or size % tn:
-            continue
-        p, g, made = run.pipeline(gemm_wgsl(size, size, size, tm, tn, rm, rn, bk, warps, use_fma), [ba, bb, bc])
-        t = run.time(p, g, (size // tn, size // tm, 1))
-        got = run.read(bc).reshape(size, size)[: ref.shape[0]]
-        err = float(np.abs(got - ref).max() / np.abs(ref).max())
-        rows.append({"bench": "gemm", "variant": name, "us": t * 1e6, "tflops": 2 * size ** 3 / t / 1e12,
-                     "max_rel_err": err, "compile_ms": made * 1e3})
-        print(f"gemm {size}^3 {name:34s}: {t * 1e6:8.1f} us  {2 * size ** 3 / t / 1e12:5.1f} TFLOP/s  "
-              f"err {err:.1e}  compile {made * 1e3:.0f} ms", flush=True)
-        assert err < 1e-4, (name, err)
+
+def _timed(run: Runner, bench: str, name: str, code: str, size: int, tile: tuple, operands, rows: list, **kw):
+    """Time kernel `code` on `operands` and check its first 64 rows of C; a row of results."""
+    buffers, ref = operands
+    p, g, made = run.pipeline(code, buffers)
+    t = run.time(p, g, (size // tile[1], size // tile[0], 1), **kw)
+    err = float(np.abs(run.read(buffers[2]).reshape(size, size)[:64] - ref).max() / np.abs(ref).max())
+    rows.append({"bench": bench, "variant": name, "us": t * 1e6, "tflops": 2 * size ** 3 / t / 1e12,
+                 "max_rel_err": err, "compile_ms": made * 1e3})
+    print(f"{bench} {size}^3 {name:34s}: {t * 1e6:8.1f} us  {2 * size ** 3 / t / 1e12:5.1f} TFLOP/s  "
+          f"err {err:.1e}  compile {made * 1e3:.0f} ms", flush=True)
+    assert err < 1e-4, (name, err)
+
+
+def gemms(run: Runner, size: int, rows: list, torch_ok: bool):
+    if torch_ok:
+        _torch_single(size, rows)
+    operands = _operands(run, size)
+    for v in VARIANTS:
+        if size % v[0] == 0 and size % v[1] == 0:
+            _timed(run, "gemm", variant_name(*v), gemm_wgsl(size, size, size, *v), size, v[:2], operands, rows)
 
 
 def _compiled_kernel(size: int) -> str:
@@ -265,11 +246,7 @@ def bisect(run: Runner, size: int, rows: list, torch_ok: bool = False):
     if torch_ok:
         _torch_single(size, rows)
     base = _compiled_kernel(size)
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((size, size), dtype=np.float32)
-    b = rng.standard_normal((size, size), dtype=np.float32)
-    ref = (a[:64].astype(np.float64) @ b).astype(np.float32)
-    ba, bb, bc = run.buffer(a), run.buffer(b), run.buffer(size=size * size * 4)
+    operands = _operands(run, size)
     variants = {"as compiled": base}
     for name, edits in BISECT.items():
         if not all(old in base for old, _ in edits):
@@ -285,21 +262,11 @@ def bisect(run: Runner, size: int, rows: list, torch_ok: bool = False):
             everything = everything.replace(old, new)
     variants["all of them"] = everything
     for name, code in variants.items():
-        p, g, made = run.pipeline(code, [ba, bb, bc])
-        t = run.time(p, g, (size // 128, size // 128, 1))
+        _timed(run, "compiled", name, code, size, (128, 128), operands, rows)
         if name == "as compiled":  # how the harness itself moves the number (bench/run.py: one per pass)
             for how, kw in (("one dispatch per pass", {"per_pass": 1, "passes": 20}),
                             ("one per pass after an untimed one", {"per_pass": 1, "passes": 20, "warm_first": True})):
-                t1 = run.time(p, g, (size // 128, size // 128, 1), **kw)
-                rows.append({"bench": "harness", "variant": how, "us": t1 * 1e6})
-                print(f"compiled {size}^3 {how:34s}: {t1 * 1e6:8.1f} us", flush=True)
-        got = run.read(bc).reshape(size, size)[:64]
-        err = float(np.abs(got - ref).max() / np.abs(ref).max())
-        rows.append({"bench": "bisect", "variant": name, "us": t * 1e6, "tflops": 2 * size ** 3 / t / 1e12,
-                     "max_rel_err": err, "compile_ms": made * 1e3})
-        print(f"compiled {size}^3 {name:28s}: {t * 1e6:8.1f} us  {2 * size ** 3 / t / 1e12:5.1f} TFLOP/s  "
-              f"err {err:.1e}  compile {made * 1e3:.0f} ms", flush=True)
-        assert err < 1e-4, (name, err)
+                _timed(run, "compiled", f"as compiled, {how}", code, size, (128, 128), operands, rows, **kw)
 
 
 def main(argv=None):

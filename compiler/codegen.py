@@ -29,6 +29,12 @@ class KernelCode:
     variants: dict = None  # device class -> (wgsl, workgroup_size, workgroups): same bindings
 
 
+def tile_type(rows: int, cols: int, two_d: bool, item: str = "vec4<f32>") -> str:
+    """A workgroup tile's WGSL type: [rows][cols] (two_d: wgpu's bounds checks then clamp each
+    index apart, so a loop-invariant one can be hoisted), or flat, rows * cols."""
+    return f"array<array<{item}, {cols}>, {rows}>" if two_d else f"array<{item}, {rows * cols}>"
+
+
 def grid(count: int) -> tuple:
     """Workgroups for `count` groups, folded into 2-D past the per-dimension limit."""
     count = max(1, int(count))

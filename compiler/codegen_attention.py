@@ -3,7 +3,7 @@ backward (kernels/attention_dq.wgsl, kernels/attention_dkv.wgsl), reading q, k, 
 strides so that head transposes need no copies."""
 from __future__ import annotations
 
-from .codegen import WG, KernelCode, _Bindings, _strides, _temp_ids, as_vec4, grid, per_output
+from .codegen import WG, KernelCode, _Bindings, _strides, _temp_ids, as_vec4, grid, per_output, tile_type
 from .schedule import Kernel, Schedule, base_of
 from .wgsl import render
 
@@ -129,8 +129,7 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
         return dict(SCORE=score, ACC_UPDATE=update, STAGE=stage,
                     STAGE_END="        workgroupBarrier();" if shared else "",
                     SHARED="shared" if shared else "not shared",
-                    TILE_TYPE=(f"array<array<vec4<f32>, {dv4}>, {tile}>" if two and shared
-                               else f"array<vec4<f32>, {tile * dv4 if shared else 1}>"),
+                    TILE_TYPE=tile_type(tile, dv4, two) if shared else "array<vec4<f32>, 1>",
                     TILE=tile if shared else 32)
 
     wgsl = render("attention", **common, **body(True))
@@ -190,10 +189,6 @@ ATTENTION_BWD_PLAN = {"vec4_loads": False, "fill": 1056, "max_chunks": 8, "min_b
 def _at(name: str, row: str, col: str, stride: str) -> str:
     """A backward kernel's workgroup-tile element (see ATTENTION_BWD_PLAN["tiles_2d"])."""
     return f"{name}[{row}][{col}]" if ATTENTION_BWD_PLAN["tiles_2d"] else f"{name}[{row} * {stride} + {col}]"
-
-
-def _tile_type(rows: int, cols: int, item: str = "vec4<f32>") -> str:
-    return f"array<array<{item}, {cols}>, {rows}>" if ATTENTION_BWD_PLAN["tiles_2d"] else f"array<{item}, {rows * cols}>"
 
 
 def _template_at() -> dict:
@@ -310,7 +305,7 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
         bind.use(n.inputs[5], own=True)  # lse
         return bind, list(names) + ["lse"], subs, "\n".join(loaders)
 
-    vec4 = ATTENTION_BWD_PLAN["vec4_loads"]
+    vec4, two = ATTENTION_BWD_PLAN["vec4_loads"], ATTENTION_BWD_PLAN["tiles_2d"]
 
     def declare(bind, names):
         decls = bind.decls(names)
@@ -340,7 +335,8 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
     decls = declare(bind, names) + f"\n@group(0) @binding({len(names)}) var<storage, read_write> delta: array<f32>;"
     tile = _score_tile(rt, bk // tx, tx, bk, "lse_t[row{r}]", "d_t[row{r}]", False, " " * 8) if rn else ""
     wgsl = render("attention_dq", BINDINGS=decls, LOADERS=loaders, BQ=bq, BK=bk, KC=per * bk, RT=rt, NT=ty * tx, TX=tx,
-                  QD_TILE=_tile_type(bq, stride), KV_TILE=_tile_type(bk, stride), DS_TILE=_tile_type(bq, bk, "f32"),
+                  QD_TILE=tile_type(bq, stride, two), KV_TILE=tile_type(bk, stride, two),
+                  DS_TILE=tile_type(bq, bk, two, "f32"),
                   WANT_DQ=str(bool(rn)).lower(), TILE=tile,
                   ACC_DECL="\n".join(f"    var dq{r}_{c} = vec4<f32>(0.0);" for r, c in rn),
                   DQ_STEP=step, STORE=store, **subs, **common, **_template_at())
@@ -384,7 +380,8 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
                        "delta[bh * S + min(qi{r}, S - 1u)]", True, " " * 12)
     wgsl = render("attention_dkv", BINDINGS=decls, LOADERS=loaders, BC=bc, BR=br, QC=per * br, RT=br // ty, RJ=rj,
                   NT=ty * tx, TX=tx, TILE=tile,
-                  KV_TILE=_tile_type(bc, stride), QD_TILE=_tile_type(br, stride), P_TILE=_tile_type(br, bc, "f32"),
+                  KV_TILE=tile_type(bc, stride, two), QD_TILE=tile_type(br, stride, two),
+                  P_TILE=tile_type(br, bc, two, "f32"),
                   ACC_DECL="\n".join(f"    var dk{r}_{c} = vec4<f32>(0.0);\n    var dv{r}_{c} = vec4<f32>(0.0);"
                                      for r, c in rn),
                   DKV_STEP=step, STORE=store, **subs, **common, **_template_at())

@@ -19,6 +19,7 @@ from .codegen import (
     ew_code,
     grid,
     per_output,
+    tile_type,
 )
 from .schedule import Kernel, Schedule, base_of
 from .wgsl import render, template
@@ -152,14 +153,8 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16) -> dict:
                 "        workgroupBarrier();"]
         before, buffers, k_rows = [], "one buffer", bk
     return dict(INDEX="\n".join(index), LOAD_FIRST=first, BEFORE_LOOP="\n".join(before), LOOP_BODY="\n".join(body),
-                STAGED=w * bk, TILE_TYPE=_tile_type(w, k_rows), BUFFERS=buffers, BK=bk, PREFETCH_NOTE=note, TG=tg,
+                STAGED=w * bk, TILE_TYPE=tile_type(k_rows, w, GEMM_PLAN["tiles_2d"]), BUFFERS=buffers, BK=bk, PREFETCH_NOTE=note, TG=tg,
                 TILE=8 * tg, GROUPS=w, **out)
-
-
-def _tile_type(groups: int, k_rows: int) -> str:
-    """The workgroup tiles' type: [k][group] with GEMM_PLAN["tiles_2d"], else flat (k * groups + group)."""
-    return (f"array<array<vec4<f32>, {groups}>, {k_rows}>" if GEMM_PLAN["tiles_2d"]
-            else f"array<vec4<f32>, {groups * k_rows}>")
 
 
 ACC128 = "\n".join(f"    var acc{r}{h} = vec4<f32>(0.0);" for r in range(8) for h in "lh")
@@ -376,7 +371,7 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
         modes = [v[0] if v and GEMM_PLAN["vec4_loads"] and GEMM_PLAN["vec4_small_tiles"] else None for v in vec4]
         wgsl = render("igemm", COMMON=_vec4_common(gpu_common, decls, st, gpu_contract, modes, vec4),
                       INNER_LOOP=INNER[tile // 4, GEMM_PLAN["tiles_2d"]], TG=tile // 4,
-                      TILE_TYPE=_tile_type(tile // 4, 16),
+                      TILE_TYPE=tile_type(16, tile // 4, GEMM_PLAN["tiles_2d"]),
                       THREAD_XY=thread_xy(tile // 4, GEMM_PLAN["warp_rows_small"]),
                       **_stage_small(tile // 4, k_contiguous, modes))
     threads = (tg, tg, 1)

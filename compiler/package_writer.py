@@ -26,8 +26,6 @@ FORMAT_VERSION = 3
 ALIGN = 16
 
 
-
-
 def nbytes(node) -> int:
     return bytes_of(node.size, np.dtype(DTYPES[node.dtype]).itemsize)
 

@@ -23,10 +23,19 @@ def _pieces(name: str) -> tuple:
 
 
 def render(name: str, **values) -> str:
-    parts, holes = _pieces(name)
+    return _filled(*_pieces(name), f"template {name}.wgsl", values)
+
+
+def fill(text: str, **values) -> str:
+    """Any template text (one not beside this module: bench/kernels/) with its holes filled."""
+    parts = _HOLE.split(text)
+    return _filled(tuple(parts), frozenset(parts[1::2]), "the template", values)
+
+
+def _filled(parts: tuple, holes: frozenset, what: str, values: dict) -> str:
     missing = sorted(holes - set(values))
     if missing:
-        raise KeyError(f"template {name}.wgsl needs {missing}")
+        raise KeyError(f"{what} needs {missing}")
     return "".join(str(values[p]) if i % 2 else p for i, p in enumerate(parts))
 
 
