@@ -29,7 +29,7 @@ ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60)
 _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
       "big_split": 0, "regs64": False, "straight_staging": False, "conv_vec4_weights": False, "double_buffer": False,
       "warp_rows": 2, "warp_rows_small": 2, "k_rows_fastest": False,
-      "tiles_2d": False}  # (each plan sets every key: plans run one after another)
+      "tiles_2d": True}  # (each plan sets every key: plans run one after another; flat tiles before session 9)
 _BIG = {"big_bk": 8,  # (16 before session 8: older result files measured these plans with 16)
         "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
 _DEFAULT = {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128, "straight_staging": True}
@@ -56,23 +56,29 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles 
     "... K-contiguous operands staged rows fastest": {**_DEFAULT, "k_rows_fastest": True},
     "... warps of 8 x 4 everywhere and rows fastest": {**_DEFAULT, "warp_rows": 4, "warp_rows_small": 4, "k_rows_fastest": True},
     "... 128-tile matmuls with K steps of 16": {**_DEFAULT, "big_bk": 16},
-    "... tiles indexed [k][group]": {**_DEFAULT, "tiles_2d": True},
+    "... flat tiles (k * groups + group)": {**_DEFAULT, "tiles_2d": False},
+    "... two buffers of [k][group] tiles, K step 8": {**_DEFAULT, "double_buffer": True},
     "... and 128-tiles on two buffers, K step 8": {**_F, **_BIG, "spread_a": False, "spread_b": True,
                                                   "big_min_side": 128, "straight_staging": True, "double_buffer": True},
 }
 ITERS = 100
 # attention backward (dQ, dK, dV of one attention): Whisper-tiny, DINOv2, SD-1.5's first level (self, cross)
 ATTENTION_BACKWARDS = [(1, 6, 1500, 1500, 64), (1, 6, 257, 257, 64), (1, 8, 4096, 4096, 40), (1, 8, 4096, 77, 40)]
-# (vec4 loads, workgroup-memory budget, fused, fill): "decomposed" times the decomposition's
+# (vec4 loads, workgroup-memory budget, fused, fill, 2D tiles): "decomposed" times the decomposition's
 # gradient (scores in memory, GEMMs, softmax) instead of the fused kernels; fill: workgroups the
-# fused kernels aim for by cutting their loops into chunks (0: whole loops)
-ATTENTION_BWD_PLANS = {"scalar loads": (False, 32768, True, 0), "split to 528": (False, 32768, True, 528),
-                       "split to 1056": (False, 32768, True, 1056), "split to 2112": (False, 32768, True, 2112),
-                       "decomposed": (True, 32768, False, 0)}
-ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 256},
-                   "fill 1024": {"min_split_keys": 32, "fill": 1024, "min_keys": 256},
-                   "fill 1024, from 64 keys": {"min_split_keys": 32, "fill": 1024, "min_keys": 64},
-                   "fill 2048, from 64 keys": {"min_split_keys": 32, "fill": 2048, "min_keys": 64}}
+# fused kernels aim for by cutting their loops into chunks (0: whole loops); tiles [row][column] or flat
+ATTENTION_BWD_PLANS = {"scalar loads": (False, 32768, True, 0, True), "split to 528": (False, 32768, True, 528, True),
+                       "split to 1056 (default)": (False, 32768, True, 1056, True),
+                       "split to 1056, flat tiles": (False, 32768, True, 1056, False),
+                       "split to 2112": (False, 32768, True, 2112, True),
+                       "decomposed": (True, 32768, False, 0, True)}
+ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 256, "tiles_2d": True},
+                   "fill 1024": {"min_split_keys": 32, "fill": 1024, "min_keys": 256, "tiles_2d": True},
+                   "fill 1024, from 64 keys": {"min_split_keys": 32, "fill": 1024, "min_keys": 64, "tiles_2d": True},
+                   "fill 2048, from 64 keys": {"min_split_keys": 32, "fill": 2048, "min_keys": 64, "tiles_2d": True},
+                   "fill 512, from 64 keys, [key][vec4] tiles (attention default)":
+                       {"min_split_keys": 32, "fill": 512, "min_keys": 64, "tiles_2d": True},
+                   "fill 512, from 64 keys, flat tiles": {"min_split_keys": 32, "fill": 512, "min_keys": 64, "tiles_2d": False}}
 
 
 def _gemm_model(m, k, n, epi):
@@ -208,13 +214,15 @@ def main(argv=None):
     ap.add_argument("--attention-backward-only", action="store_true", help="only the attention backward cases")
     ap.add_argument("--conv-only", action="store_true", help="only ResNet-50's 3x3 convolutions and their gradients")
     ap.add_argument("--gemms-only", action="store_true", help="every GEMM and convolution case; no attention")
-    ap.add_argument("--plans", nargs="*", help="only the GEMM plans whose names contain one of these")
+    ap.add_argument("--plans", nargs="*", help="only the plans (GEMM, attention, attention backward) whose "
+                    "names contain one of these")
     args = ap.parse_args(argv)
     if args.plans:
-        for name in [n for n in GEMM_PLANS if not any(p in n for p in args.plans)]:
-            del GEMM_PLANS[name]
-        if not GEMM_PLANS:
-            ap.error(f"no GEMM plan's name contains any of {args.plans}")
+        for plans in (GEMM_PLANS, ATTENTION_PLANS, ATTENTION_BWD_PLANS):
+            for name in [n for n in plans if not any(p in n for p in args.plans)]:
+                del plans[name]
+        if not (GEMM_PLANS or ATTENTION_PLANS or ATTENTION_BWD_PLANS):
+            ap.error(f"no plan's name contains any of {args.plans}")
     global GEMMS, ATTENTIONS, ITERS
     if args.big_only:
         from meganeura.compiler.codegen_gemm import gemm_plan
@@ -248,7 +256,7 @@ def main(argv=None):
     except ImportError:
         cuda = False
     rows, saved_g, saved_a = [], dict(codegen_gemm.GEMM_PLAN), dict(codegen_attention.ATTENTION_PLAN)
-    for m, k, n, epi in GEMMS:
+    for m, k, n, epi in GEMMS if GEMM_PLANS else []:
         model, inputs = _gemm_model(m, k, n, epi)
         row = {"case": f"gemm {m}x{k}x{n} +{epi}", "plans": {}}
         for name, plan in GEMM_PLANS.items():
@@ -260,7 +268,7 @@ def main(argv=None):
         print(json.dumps(row), flush=True)
         rows.append(row)
     codegen_gemm.GEMM_PLAN.update(saved_g)
-    for shape in ATTENTIONS:
+    for shape in ATTENTIONS if ATTENTION_PLANS else []:
         model, inputs = _attention_model(*shape)
         row = {"case": f"attention {shape}", "plans": {}}
         for name, plan in ATTENTION_PLANS.items():
@@ -275,10 +283,10 @@ def main(argv=None):
 
     saved_b = dict(codegen_attention.ATTENTION_BWD_PLAN)
     saved_l = {k: getattr(ops_layers, k) for k in ("BACKWARD_BUDGET", "SCORES_IN_MEMORY_MAX", "SCORES_PARAM_SHARE")}
-    for shape in ATTENTION_BACKWARDS:
+    for shape in ATTENTION_BACKWARDS if ATTENTION_BWD_PLANS else []:
         row = {"case": f"attention_backward {shape} (forward included)", "plans": {}}
-        for name, (vec4, budget, fused, fill) in ATTENTION_BWD_PLANS.items():
-            codegen_attention.ATTENTION_BWD_PLAN.update(vec4_loads=vec4, fill=fill)
+        for name, (vec4, budget, fused, fill, two_d) in ATTENTION_BWD_PLANS.items():
+            codegen_attention.ATTENTION_BWD_PLAN.update(vec4_loads=vec4, fill=fill, tiles_2d=two_d)
             ops_layers.BACKWARD_BUDGET = budget
             # the gradient rule picks fused or decomposed as the graph is built: force it
             ops_layers.SCORES_IN_MEMORY_MAX = 0 if fused else float("inf")

@@ -116,20 +116,25 @@ def test_fused_backward_matches_torch(name, vec4, split, device, monkeypatch):
 @pytest.mark.parametrize("split", [False, True], ids=["whole_loops", "split_loops"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fused_backward_with_tiles_indexed_by_row_then_column(name, split, device, monkeypatch):
-    """ATTENTION_BWD_PLAN["tiles_2d"] (off by default until timed on a GPU): every workgroup
-    tile of both backward kernels declared [row][column], in a Session with its default checks;
-    the same answers, and the same workgroup bytes as the flat tiles."""
+    """ATTENTION_BWD_PLAN["tiles_2d"] (the default): every workgroup tile of both backward
+    kernels declared [row][column], in a Session with its default checks; the same answers,
+    and the same workgroup bytes as the flat tiles (which run here too)."""
     from meganeura.compiler import codegen_attention
     from meganeura.runtime.package import workgroup_bytes
 
     _split_loops(monkeypatch, split)
     qs, ks, at = CASES[name]
-    flat = _kernels(qs, ks, at)
     monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "tiles_2d", True)
     two = _kernels(qs, ks, at)
     backward = [lab for lab in two if lab.startswith(("attention_dq", "attention_dkv")) and "/sum" not in lab]
     assert backward and all("var<workgroup> k_t: array<array<vec4<f32>, " in two[lab] for lab in backward)
+    got, ref, _ = _run(device, qs, ks, at)
+    errors = {k: rel(got[k], r) for k, r in ref.items()}
+    assert max(errors.values()) <= TOL, errors
+    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "tiles_2d", False)
+    flat = _kernels(qs, ks, at)
     assert all(workgroup_bytes(two[lab]) == workgroup_bytes(flat[lab]) for lab in backward)
+    assert not any("array<array<" in flat[lab] for lab in backward)
     got, ref, _ = _run(device, qs, ks, at)
     errors = {k: rel(got[k], r) for k, r in ref.items()}
     assert max(errors.values()) <= TOL, errors

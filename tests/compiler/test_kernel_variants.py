@@ -152,16 +152,18 @@ def test_warps_of_8_by_4_threads(case, tiles, device, monkeypatch):
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
+@pytest.mark.parametrize("two_d", [True, False], ids=["2d", "flat"])
 @pytest.mark.parametrize("case", ["128_k_and_groups", "128_transposed_vec4", "128_two_buffers", "64_8x8_per_thread",
                                   "64_split_k", "32_split_k", "conv_grads", "128_x_wT", "64_x_wT", "64_group_loads"])
-def test_tiles_indexed_by_k_then_group(case, device, monkeypatch):
-    """GEMM_PLAN["tiles_2d"]: workgroup tiles declared [k][group] (wgpu's bounds checks then clamp
-    the group, the same every K step): matmuls on every tile size and kernel variant (two tile
-    buffers, 8x8 outputs on 64-tiles), ragged edges, split-K, and a convolution with both
-    gradients, against numpy / torch, in a Session with its default checks."""
+def test_tiles_indexed_by_k_then_group(case, two_d, device, monkeypatch):
+    """GEMM_PLAN["tiles_2d"] (the default) and flat tiles: workgroup tiles declared [k][group]
+    (wgpu's bounds checks then clamp the group, the same every K step; two buffers:
+    [buffer][k][group]) or k * groups + group: matmuls on every tile size and kernel variant
+    (two tile buffers, 8x8 outputs on 64-tiles), ragged edges, split-K, and a convolution with
+    both gradients, against numpy / torch, in a Session with its default checks."""
     from meganeura.compiler import codegen_gemm
 
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "tiles_2d", True)
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "tiles_2d", two_d)
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "double_buffer", case == "128_two_buffers")
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "regs64", case == "64_8x8_per_thread")
     if case == "conv_grads":
@@ -180,9 +182,12 @@ def test_tiles_indexed_by_k_then_group(case, device, monkeypatch):
         model, vals, refs = _matmul_case(sa, sb, ta, tb, seed=10)
     pkg = Package.from_bytes(compile_model(model))
     gpu = [k["wgsl"] for k in pkg.manifest["kernels"] if "var<workgroup> a_tile" in k["wgsl"]]
-    assert gpu and all("var<workgroup> a_tile: array<array<vec4<f32>, " in k for k in gpu)
+    tile = ("array<array<array<vec4<f32>, 32>, 8>, 2>" if case == "128_two_buffers" else "array<array<vec4<f32>, ") \
+        if two_d else "array<vec4<f32>, "
+    assert gpu and all(f"var<workgroup> a_tile: {tile}" in k for k in gpu)
     marker = {"128_x_wT": "b_tile[bq0 * 4u + 0u][br0 / 4u]", "64_x_wT": "b_tile[qb * 4u + 0u][rb / 4u]",
-              "64_group_loads": "b_tile[bk][bg] = load_b4"}.get(case)
+              "64_group_loads": "b_tile[bk][bg] = load_b4",
+              "128_two_buffers": "b_tile[buf][bk0][bg0] = pb0"}.get(case) if two_d else None
     assert marker is None or any(marker in k for k in gpu), case
     if case.startswith("128") or case == "64_8x8_per_thread":
         assert any("acc0l" in k for k in gpu)
@@ -416,17 +421,19 @@ def test_fused_attention_both_variants(causal, device_class, device):
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
 
 
+@pytest.mark.parametrize("two_d", [True, False], ids=["2d", "flat"])
 @pytest.mark.parametrize("case", ["grouped_causal", "split_keys", "wide_heads"])
-def test_attention_tiles_indexed_by_key_then_vec4(case, device, monkeypatch):
-    """ATTENTION_PLAN["tiles_2d"]: the forward kernel's key and value tiles declared [key][vec4]:
-    grouped-query heads with a causal mask, keys split across workgroups, 160-wide heads (25
-    keys a tile), against torch, in a Session with its default checks; the same workgroup bytes."""
+def test_attention_tiles_indexed_by_key_then_vec4(case, two_d, device, monkeypatch):
+    """ATTENTION_PLAN["tiles_2d"] and flat tiles (the default): the forward kernel's key and value
+    tiles declared [key][vec4] or key * DV4 + vec4: grouped-query heads with a causal mask, keys
+    split across workgroups, 160-wide heads (25 keys a tile), against torch, in a Session with
+    its default checks; the same workgroup bytes."""
     import torch
 
     from meganeura.compiler import codegen_attention
     from meganeura.runtime.package import workgroup_bytes
 
-    monkeypatch.setitem(codegen_attention.ATTENTION_PLAN, "tiles_2d", True)
+    monkeypatch.setitem(codegen_attention.ATTENTION_PLAN, "tiles_2d", two_d)
     shapes, causal, rep = {"grouped_causal": ({"q": (2, 4, 70, 16), "k": (2, 2, 75, 16), "v": (2, 2, 75, 16)}, True, 2),
                            "split_keys": ({"q": (1, 2, 20, 32), "k": (1, 2, 300, 32), "v": (1, 2, 300, 32)}, False, 1),
                            "wide_heads": ({"q": (1, 2, 70, 160), "k": (1, 2, 60, 160), "v": (1, 2, 60, 160)}, False, 1)}[case]
@@ -436,7 +443,7 @@ def test_attention_tiles_indexed_by_key_then_vec4(case, device, monkeypatch):
     b.output("o", b.attention(ins["q"], ins["k"], ins["v"], causal=causal))
     pkg = Package.from_bytes(compile_model(b.build()))
     fwd = next(k["wgsl"] for k in pkg.manifest["kernels"] if k["label"] == "attention")
-    assert "var<workgroup> k_tile: array<array<vec4<f32>, " in fwd and "k_tile[jj][0u]" in fwd
+    assert ("var<workgroup> k_tile: array<array<vec4<f32>, " in fwd and "k_tile[jj][0u]" in fwd) == two_d
     if case == "wide_heads":
         assert workgroup_bytes(fwd) == 32000
     if case == "split_keys":
@@ -580,8 +587,8 @@ def test_128_tiles_with_spread_thread_groups(name, spread, device, monkeypatch):
     b.output("c", b.matmul(b.input("a", sa), b.input("b", sb), trans_a=ta, trans_b=tb))
     pkg = Package.from_bytes(compile_model(b.build()))
     kernels = [k["wgsl"] for k in pkg.manifest["kernels"] if k["label"].startswith("matmul")]
-    assert any("b_tile[0u + 16u + tx]" in k for k in kernels) == spread[1]
-    assert any("a_tile[0u + 16u + ty]" in k for k in kernels) == spread[0]
+    assert any("b_tile[0u][16u + tx]" in k for k in kernels) == spread[1]
+    assert any("a_tile[0u][16u + ty]" in k for k in kernels) == spread[0]
     A, B = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
     ref = np.matmul(np.swapaxes(A, -1, -2) if ta else A.astype(np.float64), np.swapaxes(B, -1, -2) if tb else B)
     got = Session(device, pkg, device_class="gpu").run("infer", {"a": A, "b": B})["c"]
