@@ -185,7 +185,15 @@ ATTENTION_BWD_PLAN = {"vec4_loads": False, "fill": 1056, "max_chunks": 8, "min_b
                       # checks then clamp a row once per loop step, not every read (see codegen_gemm's
                       # tiles_2d). H200, gemm_policy's four backward cases 15.64 -> 15.25 ms (Whisper's
                       # 1,500 tokens 1729 -> 1699 us, SD-1.5's 4,096 13.40 -> 13.05 ms)
-                      "tiles_2d": True}
+                      "tiles_2d": True,
+                      # loops written out, one block per step (c: the score tile's vec4 columns, where a
+                      # thread's share of the tile is at most "unroll_scores" entries; jj, ii: the dQ and
+                      # dK/dV steps over a tile's keys / queries): wgpu's loop bounding keeps the driver from
+                      # unrolling them, and a constant index needs no clamp. H200, gemm_policy's four cases
+                      # 15.26 ms with loops, 13.73 with jj and ii written out (Whisper's 1,500 tokens 1683 ->
+                      # 1511 us, SD-1.5's 4,096 13.07 -> 11.78 ms), c too: Whisper 1410 us but SD-1.5 13.32
+                      # ms (its 8 x 8 threads hold 4 x 4 scores each: 16 vec4 reads a column step)
+                      "unroll": ("c", "jj", "ii"), "unroll_scores": 4}
 
 
 def _at(name: str, row: str, col: str, stride: str) -> str:
@@ -197,6 +205,14 @@ def _template_at() -> dict:
     """The backward templates' own tile reads: RC (row r, column c) and LID_C (row lid)."""
     two = ATTENTION_BWD_PLAN["tiles_2d"]
     return {"RC": "r][c" if two else "r * STR + c", "LID_C": "lid][c" if two else "lid * STR + c"}
+
+
+def _steps(var: str, count: int, body: str, ind: str, unroll: bool | None = None) -> str:
+    """WGSL running `body` for `var` = 0 .. count - 1: a block per step with `var` a constant
+    (`unroll`; by default, `var` in ATTENTION_BWD_PLAN["unroll"]), or a loop."""
+    if var in ATTENTION_BWD_PLAN["unroll"] if unroll is None else unroll:
+        return "\n".join(f"{ind}{{\n{ind}    let {var} = {i}u;\n{body}\n{ind}}}" for i in range(count))
+    return f"{ind}for (var {var} = 0u; {var} < {count}u; {var} = {var} + 1u) {{\n{body}\n{ind}}}"
 
 
 def _chunks(workgroups: int, blocks: int) -> tuple:
@@ -223,20 +239,20 @@ def _sum_partials(sched, parts, chunks, heads, rows, d, label):
                       grid(-(-total // WG)), label)
 
 
-def _score_tile(rt: int, ct: int, tx: int, width: int, lse: str, delta: str, p_store: bool, ind: str) -> str:
+def _score_tile(rt: int, ct: int, tx: int, width: int, lse: str, delta: str, p_store: bool, ind: str, dv4: int) -> str:
     """WGSL for one tile step of both backward kernels: scores and dP = dO v^T for query rows
     ty * RT + r and key columns tx + TX c (separate variables, loops unrolled here: private
     arrays indexed in loops are slow on NVIDIA), then P and dS into workgroup memory."""
     rc = [(r, c) for r in range(rt) for c in range(ct)]
     out = [f"{ind}var s{r}_{c} = 0.0;\n{ind}var dp{r}_{c} = 0.0;" for r, c in rc]
-    out.append(f"{ind}for (var c = 0u; c < DV4; c = c + 1u) {{")
-    out += [f"{ind}    let qa{r} = {_at('q_t', f'(ty * RT + {r}u)', 'c', 'STR')};\n"
+    step = [f"{ind}    let qa{r} = {_at('q_t', f'(ty * RT + {r}u)', 'c', 'STR')};\n"
             f"{ind}    let oa{r} = {_at('do_t', f'(ty * RT + {r}u)', 'c', 'STR')};" for r in range(rt)]
-    out += [f"{ind}    let kb{c} = {_at('k_t', f'(tx + {tx * c}u)', 'c', 'STR')};\n"
-            f"{ind}    let vb{c} = {_at('v_t', f'(tx + {tx * c}u)', 'c', 'STR')};" for c in range(ct)]
-    out += [f"{ind}    s{r}_{c} = s{r}_{c} + dot(qa{r}, kb{c});\n"
-            f"{ind}    dp{r}_{c} = dp{r}_{c} + dot(oa{r}, vb{c});" for r, c in rc]
-    out.append(f"{ind}}}")
+    step += [f"{ind}    let kb{c} = {_at('k_t', f'(tx + {tx * c}u)', 'c', 'STR')};\n"
+             f"{ind}    let vb{c} = {_at('v_t', f'(tx + {tx * c}u)', 'c', 'STR')};" for c in range(ct)]
+    step += [f"{ind}    s{r}_{c} = s{r}_{c} + dot(qa{r}, kb{c});\n"
+             f"{ind}    dp{r}_{c} = dp{r}_{c} + dot(oa{r}, vb{c});" for r, c in rc]
+    plan = ATTENTION_BWD_PLAN
+    out.append(_steps("c", dv4, "\n".join(step), ind, "c" in plan["unroll"] and rt * ct <= plan["unroll_scores"]))
     for r in range(rt):
         out += [f"{ind}let row{r} = ty * RT + {r}u;", f"{ind}let qi{r} = i0 + row{r};",
                 f"{ind}let lse{r} = {lse.format(r=r)};", f"{ind}let dd{r} = {delta.format(r=r)};"]
@@ -335,13 +351,13 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
             index = "((b * S + {row}) * H + h)" if wrt[0] in sched.written else "(bh * S + {row})"
         store = _store_rows("dq", rt, nch, tx, dv4, "i0 + ty * RT", "S", index, " * SCALE")
     decls = declare(bind, names) + f"\n@group(0) @binding({len(names)}) var<storage, read_write> delta: array<f32>;"
-    tile = _score_tile(rt, bk // tx, tx, bk, "lse_t[row{r}]", "d_t[row{r}]", False, " " * 8) if rn else ""
+    tile = _score_tile(rt, bk // tx, tx, bk, "lse_t[row{r}]", "d_t[row{r}]", False, " " * 8, dv4) if rn else ""
     wgsl = render("attention_dq", BINDINGS=decls, LOADERS=loaders, BQ=bq, BK=bk, KC=per * bk, RT=rt, NT=ty * tx, TX=tx,
                   QD_TILE=tile_type(bq, stride, two), KV_TILE=tile_type(bk, stride, two),
                   DS_TILE=tile_type(bq, bk, two, "f32"),
                   WANT_DQ=str(bool(rn)).lower(), TILE=tile,
                   ACC_DECL="\n".join(f"    var dq{r}_{c} = vec4<f32>(0.0);" for r, c in rn),
-                  DQ_STEP=step, STORE=store, **subs, **common, **_template_at())
+                  DQ_STEPS=_steps("jj", bk, step, " " * 8) if step else "", STORE=store, **subs, **common, **_template_at())
     dq = KernelCode(wgsl, (ty * tx, 1, 1), bind.list() + [(temp, "read_write")], (-(-s // bq), b * h, chunks),
                     "attention_dq" + ("/split" if partial else ""))
     dq.temps = {temp: b * h * s * 4}
@@ -379,14 +395,14 @@ def attention_backward(sched: Schedule, k: Kernel) -> list:
                       for w, name, mul in ((1, "dk", " * SCALE"), (2, "dv", "")) if w in wrt)
     decls = declare(bind, names) + f"\n@group(0) @binding({len(names)}) var<storage, read> delta: array<f32>;"
     tile = _score_tile(br // ty, bc // tx, tx, bc, "lse[bh * S + min(qi{r}, S - 1u)]",
-                       "delta[bh * S + min(qi{r}, S - 1u)]", True, " " * 12)
+                       "delta[bh * S + min(qi{r}, S - 1u)]", True, " " * 12, dv4)
     wgsl = render("attention_dkv", BINDINGS=decls, LOADERS=loaders, BC=bc, BR=br, QC=per * br, RT=br // ty, RJ=rj,
                   NT=ty * tx, TX=tx, TILE=tile,
                   KV_TILE=tile_type(bc, stride, two), QD_TILE=tile_type(br, stride, two),
                   P_TILE=tile_type(br, bc, two, "f32"),
                   ACC_DECL="\n".join(f"    var dk{r}_{c} = vec4<f32>(0.0);\n    var dv{r}_{c} = vec4<f32>(0.0);"
                                      for r, c in rn),
-                  DKV_STEP=step, STORE=store, **subs, **common, **_template_at())
+                  DKV_STEPS=_steps("ii", br, step, " " * 12), STORE=store, **subs, **common, **_template_at())
     dkv = KernelCode(wgsl, (ty * tx, 1, 1), bind.list() + [(temp, "read")], (-(-t // bc), b * hk, chunks),
                      "attention_dkv" + ("/split" if partials else ""))
     codes.append(dkv)

@@ -72,9 +72,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             workgroupBarrier();
 {{TILE}}
             workgroupBarrier();
-            for (var ii = 0u; ii < BR; ii = ii + 1u) {
-{{DKV_STEP}}
-            }
+{{DKV_STEPS}}
         }
     }
 {{STORE}}

@@ -84,9 +84,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         workgroupBarrier();
 {{TILE}}
         workgroupBarrier();
-        for (var jj = 0u; jj < BK; jj = jj + 1u) {
-{{DQ_STEP}}
-        }
+{{DQ_STEPS}}
     }
 {{STORE}}
 }

@@ -9,8 +9,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         return;
     }
     var acc = {{INIT}};
-    for (var s = 0u; s < {{S}}u; s = s + 1u) {
-        acc = {{COMBINE}}(acc, partial[(gid.z * {{S}}u + s) * {{OUTPUTS}}u + idx]);
+    let base = gid.z * {{S}}u * {{OUTPUTS}}u + idx;
+    var s = 0u;
+    // four loads in flight, combined in slice order (see reduce_cols.wgsl)
+    for (; s + 4u <= {{S}}u; s = s + 4u) {
+        let v0 = partial[base + s * {{OUTPUTS}}u];
+        let v1 = partial[base + (s + 1u) * {{OUTPUTS}}u];
+        let v2 = partial[base + (s + 2u) * {{OUTPUTS}}u];
+        let v3 = partial[base + (s + 3u) * {{OUTPUTS}}u];
+        acc = {{COMBINE}}({{COMBINE}}({{COMBINE}}({{COMBINE}}(acc, v0), v1), v2), v3);
+    }
+    for (; s < {{S}}u; s = s + 1u) {
+        acc = {{COMBINE}}(acc, partial[base + s * {{OUTPUTS}}u]);
     }
     store(gid.z, idx, acc);
 }

@@ -17,17 +17,46 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let s = job / {{OUTER}}u;
     let end = min({{R}}u, (s + 1u) * {{RS}}u);
     var acc = {{INIT}};
-    for (var r = s * {{RS}}u + lid; r < end; r = r + 64u) {
+    var r = s * {{RS}}u + lid;
+    // four loads in flight, combined in order (the same sums as one at a time): wgpu's loop
+    // bounding keeps the driver from unrolling a checked loop itself
+    for (; r + 192u < end; r = r + 256u) {
+        let v0 = load(wg.z, row * {{R}}u + r);
+        let v1 = load(wg.z, row * {{R}}u + r + 64u);
+        let v2 = load(wg.z, row * {{R}}u + r + 128u);
+        let v3 = load(wg.z, row * {{R}}u + r + 192u);
+        acc = {{COMBINE}}({{COMBINE}}({{COMBINE}}({{COMBINE}}(acc, v0), v1), v2), v3);
+    }
+    for (; r < end; r = r + 64u) {
         acc = {{COMBINE}}(acc, load(wg.z, row * {{R}}u + r));
     }
     part[lid] = acc;
     workgroupBarrier();
-    for (var w = 32u; w > 0u; w = w >> 1u) {
-        if (lid < w) {
-            part[lid] = {{COMBINE}}(part[lid], part[lid + w]);
-        }
-        workgroupBarrier();
+    // the tree, unrolled (a checked loop of barriers is not)
+    if (lid < 32u) {
+        part[lid] = {{COMBINE}}(part[lid], part[lid + 32u]);
     }
+    workgroupBarrier();
+    if (lid < 16u) {
+        part[lid] = {{COMBINE}}(part[lid], part[lid + 16u]);
+    }
+    workgroupBarrier();
+    if (lid < 8u) {
+        part[lid] = {{COMBINE}}(part[lid], part[lid + 8u]);
+    }
+    workgroupBarrier();
+    if (lid < 4u) {
+        part[lid] = {{COMBINE}}(part[lid], part[lid + 4u]);
+    }
+    workgroupBarrier();
+    if (lid < 2u) {
+        part[lid] = {{COMBINE}}(part[lid], part[lid + 2u]);
+    }
+    workgroupBarrier();
+    if (lid < 1u) {
+        part[lid] = {{COMBINE}}(part[lid], part[lid + 1u]);
+    }
+    workgroupBarrier();
     if (lid == 0u) {
         emit(wg.z, s, row, part[0]);
     }

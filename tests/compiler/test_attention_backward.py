@@ -309,3 +309,22 @@ def test_every_kernel_declares_workgroup_memory_the_runtime_can_size(name):
     assert None not in sizes.values(), sizes
     assert all(v <= 32768 for lab, v in sizes.items() if lab.startswith(("attention_dq", "attention_dkv"))), sizes
     assert all(v <= 256 * qs[-1] + 1024 for lab, v in sizes.items() if lab == "attention"), sizes
+
+
+@pytest.mark.parametrize("unroll", [(), ("c",), ("jj", "ii"), ("c", "jj", "ii")], ids=["loops", "columns", "steps", "all"])
+@pytest.mark.parametrize("name", ["full-b3-257-d64", "full-b2-9x11-d40"])
+def test_loops_written_out_or_kept(name, unroll, device, monkeypatch):
+    """ATTENTION_BWD_PLAN["unroll"]: the score tile's column loop (where a thread's share of the
+    tile is small: d = 64's 16 x 16 threads, not d = 40's 8 x 8) and the dQ / dK, dV steps
+    written out a block per step, or kept as loops: the same answers either way."""
+    from meganeura.compiler import codegen_attention
+
+    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "unroll", unroll)
+    qs, ks, at = CASES[name]
+    kernels = _kernels(qs, ks, at)
+    backward = [w for lab, w in kernels.items() if lab.startswith(("attention_dq", "attention_dkv")) and "/sum" not in lab]
+    assert backward and all(("let c = 0u;" in w) == ("c" in unroll and name.endswith("d64")) for w in backward)
+    assert all(("let jj = 0u;" in w or "let ii = 0u;" in w) == ("jj" in unroll) for w in backward)
+    got, ref, _ = _run(device, qs, ks, at)
+    errors = {k: rel(got[k], r) for k, r in ref.items()}
+    assert max(errors.values()) <= TOL, errors
