@@ -80,9 +80,10 @@ ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 2
                    "fill 1024": {"min_split_keys": 32, "fill": 1024, "min_keys": 256, "tiles_2d": True},
                    "fill 1024, from 64 keys": {"min_split_keys": 32, "fill": 1024, "min_keys": 64, "tiles_2d": True},
                    "fill 2048, from 64 keys": {"min_split_keys": 32, "fill": 2048, "min_keys": 64, "tiles_2d": True},
-                   "fill 512, from 64 keys, [key][vec4] tiles (attention default)":
+                   "fill 512, from 64 keys, [key][vec4] tiles":
                        {"min_split_keys": 32, "fill": 512, "min_keys": 64, "tiles_2d": True},
-                   "fill 512, from 64 keys, flat tiles": {"min_split_keys": 32, "fill": 512, "min_keys": 64, "tiles_2d": False}}
+                   "fill 512, from 64 keys, flat tiles (attention default)":
+                       {"min_split_keys": 32, "fill": 512, "min_keys": 64, "tiles_2d": False}}
 
 
 def _gemm_model(m, k, n, epi):
