@@ -57,8 +57,7 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles 
     "... warps of 8 x 4 everywhere and rows fastest": {**_DEFAULT, "warp_rows": 4, "warp_rows_small": 4, "k_rows_fastest": True},
     "... 128-tile matmuls with K steps of 16": {**_DEFAULT, "big_bk": 16},
     "... flat tiles (k * groups + group)": {**_DEFAULT, "tiles_2d": False},
-    "... two buffers of [k][group] tiles, K step 8": {**_DEFAULT, "double_buffer": True},
-    "... and 128-tiles on two buffers, K step 8": {**_F, **_BIG, "spread_a": False, "spread_b": True,
+    "... and 128-tiles on two buffers, K step 8 ([buffer][k][group])": {**_F, **_BIG, "spread_a": False, "spread_b": True,
                                                   "big_min_side": 128, "straight_staging": True, "double_buffer": True},
 }
 ITERS = 100
@@ -76,10 +75,10 @@ ATTENTION_BWD_PLANS = {"scalar loads": (False, 32768, True, 0, True, _ALL), "spl
                        "split to 1056, steps unrolled": (False, 32768, True, 1056, True, ("jj", "ii")),
                        "split to 2112": (False, 32768, True, 2112, True, _ALL),
                        "decomposed": (True, 32768, False, 0, True, _ALL)}
-ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 256, "tiles_2d": True},
-                   "fill 1024": {"min_split_keys": 32, "fill": 1024, "min_keys": 256, "tiles_2d": True},
-                   "fill 1024, from 64 keys": {"min_split_keys": 32, "fill": 1024, "min_keys": 64, "tiles_2d": True},
-                   "fill 2048, from 64 keys": {"min_split_keys": 32, "fill": 2048, "min_keys": 64, "tiles_2d": True},
+ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 256, "tiles_2d": False},
+                   "fill 1024": {"min_split_keys": 32, "fill": 1024, "min_keys": 256, "tiles_2d": False},
+                   "fill 1024, from 64 keys": {"min_split_keys": 32, "fill": 1024, "min_keys": 64, "tiles_2d": False},
+                   "fill 2048, from 64 keys": {"min_split_keys": 32, "fill": 2048, "min_keys": 64, "tiles_2d": False},
                    "fill 512, from 64 keys, [key][vec4] tiles":
                        {"min_split_keys": 32, "fill": 512, "min_keys": 64, "tiles_2d": True},
                    "fill 512, from 64 keys, flat tiles (attention default)":

@@ -68,8 +68,8 @@ EXPERIMENTS = {
     "--flat-tiles": ("codegen_gemm", ("GEMM_PLAN", "tiles_2d"), False,
                      "GEMM tiles indexed k * groups + group, not [k][group] (the bounds checks' clamps in the inner loop)"),
     "--big-bk": ("codegen_gemm", ("GEMM_PLAN", "big_bk"), None, "128-tile matmuls' K step (16 or 8)"),
-    "--attention-flat-tiles": ("codegen_attention", ("ATTENTION_PLAN", "tiles_2d"), False,
-                               "the forward attention's key and value tiles flat, not [key][vec4]"),
+    "--attention-tiles-2d": ("codegen_attention", ("ATTENTION_PLAN", "tiles_2d"), True,
+                             "the forward attention's key and value tiles indexed [key][vec4] (lost: flat by default)"),
     "--attention-bwd-flat-tiles": ("codegen_attention", ("ATTENTION_BWD_PLAN", "tiles_2d"), False,
                                    "the fused attention backward's tiles flat, not [row][column]"),
     "--attention-fill": ("codegen_attention", ("ATTENTION_BWD_PLAN", "fill"), None,
@@ -282,6 +282,7 @@ def main(argv=None):
     tdev = "cuda" if torch.cuda.is_available() else "cpu"
     if tdev == "cpu" and not args.smoke:
         print("warning: no CUDA: torch runs on the CPU", file=sys.stderr)
+    cache_empty = _load_settings()["shader_cache_empty_at_start"]  # before the device writes to it
     device = default_device()
     info = {"date": time.strftime("%Y-%m-%d"), "gpu": device.adapter.info["device"],
             "driver": device.adapter.info.get("description", ""), "backend": device.adapter.info["backend_type"],
@@ -290,7 +291,8 @@ def main(argv=None):
             "python": platform.python_version(), "features": sorted(device.features), "smoke": args.smoke,
             "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch,
             "gemm_prologues": args.gemm_prologues, "shader_checks": not args.no_shader_checks,
-            "weights": args.weights, **settings, **_load_settings()}
+            "weights": args.weights, **settings, **_load_settings(),
+            "shader_cache_empty_at_start": cache_empty}
     rows = []
     out = Path(args.out)
     for name, spec in WORKLOADS.items():

@@ -192,7 +192,9 @@ ATTENTION_BWD_PLAN = {"vec4_loads": False, "fill": 1056, "max_chunks": 8, "min_b
                       # unrolling them, and a constant index needs no clamp. H200, gemm_policy's four cases
                       # 15.26 ms with loops, 13.73 with jj and ii written out (Whisper's 1,500 tokens 1683 ->
                       # 1511 us, SD-1.5's 4,096 13.07 -> 11.78 ms), c too: Whisper 1410 us but SD-1.5 13.32
-                      # ms (its 8 x 8 threads hold 4 x 4 scores each: 16 vec4 reads a column step)
+                      # ms (its 8 x 8 threads hold 4 x 4 scores each: 16 vec4 reads a column step); with
+                      # c only where a thread holds <= 4 scores, 13.64 ms. The threshold sits between the
+                      # two measured shares, 2 and 16 scores; 8 (small heads, small blocks) is unmeasured
                       "unroll": ("c", "jj", "ii"), "unroll_scores": 4}
 
 
@@ -210,7 +212,8 @@ def _template_at() -> dict:
 def _steps(var: str, count: int, body: str, ind: str, unroll: bool | None = None) -> str:
     """WGSL running `body` for `var` = 0 .. count - 1: a block per step with `var` a constant
     (`unroll`; by default, `var` in ATTENTION_BWD_PLAN["unroll"]), or a loop."""
-    if var in ATTENTION_BWD_PLAN["unroll"] if unroll is None else unroll:
+    written_out = var in ATTENTION_BWD_PLAN["unroll"] if unroll is None else unroll
+    if written_out:
         return "\n".join(f"{ind}{{\n{ind}    let {var} = {i}u;\n{body}\n{ind}}}" for i in range(count))
     return f"{ind}for (var {var} = 0u; {var} < {count}u; {var} = {var} + 1u) {{\n{body}\n{ind}}}"
 

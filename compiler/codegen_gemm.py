@@ -197,7 +197,8 @@ GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 12
              # no faster in ResNet-50 (bench/REJECTED.md)
              "conv_vec4_weights": False,
              # 128-tiles: K steps of 8 on two tile buffers (16 KiB of workgroup memory, as one buffer
-             # of 16), one barrier per step instead of two: 4096^3 3873 -> 4157 us (bench/REJECTED.md)
+             # of 16), one barrier per step instead of two: 4096^3 3873 -> 4157 us with flat tiles, 3088 ->
+             # 3231 with [buffer][k][group] ones (bench/REJECTED.md)
              "double_buffer": False,
              # threads of a warp as rows of threads (2: 16 x 2, 4: 8 x 4, see thread_xy), on 128-tiles and
              # on 64-tiles (16 x 16 threads; 8 x 8 workgroups are 8 x 4 warps either way): no faster

@@ -53,11 +53,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         part[lid] = {{COMBINE}}(part[lid], part[lid + 2u]);
     }
     workgroupBarrier();
-    if (lid < 1u) {
-        part[lid] = {{COMBINE}}(part[lid], part[lid + 1u]);
-    }
-    workgroupBarrier();
-    if (lid == 0u) {
-        emit(wg.z, s, row, part[0]);
+    if (lid == 0u) {  // (reads only its own write: no barrier)
+        emit(wg.z, s, row, {{COMBINE}}(part[0], part[1]));
     }
 }

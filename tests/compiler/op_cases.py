@@ -194,6 +194,9 @@ REDUCE_AXES = [((3, 5, 17), (2,)), ((3, 5, 17), (0,)), ((3, 5, 17), (1,)), ((3, 
                ((3, 300), (1,)), ((300, 3), (0,)), ((7, 13), (0, 1)), ((5, 1, 7), (1,)),
                # long axes under few outputs: split into slices and a combining pass
                ((3, 9001), (1,)), ((2, 1501, 7), (1,)), ((1500, 40), (0,)), ((3, 700001), (1,)),
+               # 130 outputs of long axes: partials combined by reduce_partials (61 slices: its four-at-a-
+               # time loop and its tail), and rows split in two
+               ((2000, 130), (0,)), ((130, 5000), (1,)),
                # around one kept run, in one kernel: batch norm's statistics (split), and a kept middle pair
                ((16, 8, 30, 30), (0, 2, 3)), ((5, 4, 3, 2), (0, 1, 3))]
 for _op, _bf, _tf in (("reduce_sum", "sum", lambda x, ax, kd: torch.sum(x, dim=ax, keepdim=kd)),

@@ -311,20 +311,27 @@ def test_every_kernel_declares_workgroup_memory_the_runtime_can_size(name):
     assert all(v <= 256 * qs[-1] + 1024 for lab, v in sizes.items() if lab == "attention"), sizes
 
 
-@pytest.mark.parametrize("unroll", [(), ("c",), ("jj", "ii"), ("c", "jj", "ii")], ids=["loops", "columns", "steps", "all"])
+@pytest.mark.parametrize("unroll", [(), ("c",), ("jj",), ("ii",), ("c", "jj", "ii"), "flat"],
+                         ids=["loops", "columns", "dq_steps", "dkv_steps", "all", "loops_flat_tiles"])
 @pytest.mark.parametrize("name", ["full-b3-257-d64", "full-b2-9x11-d40"])
 def test_loops_written_out_or_kept(name, unroll, device, monkeypatch):
     """ATTENTION_BWD_PLAN["unroll"]: the score tile's column loop (where a thread's share of the
-    tile is small: d = 64's 16 x 16 threads, not d = 40's 8 x 8) and the dQ / dK, dV steps
-    written out a block per step, or kept as loops: the same answers either way."""
+    tile is small: d = 64's 16 x 16 threads, not d = 40's 8 x 8), the dQ steps (jj) and the
+    dK, dV steps (ii) each written out a block per step, or kept as loops (also with flat tiles):
+    the same answers either way."""
     from meganeura.compiler import codegen_attention
 
+    if unroll == "flat":
+        monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "tiles_2d", False)
+        unroll = ()
     monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "unroll", unroll)
     qs, ks, at = CASES[name]
-    kernels = _kernels(qs, ks, at)
-    backward = [w for lab, w in kernels.items() if lab.startswith(("attention_dq", "attention_dkv")) and "/sum" not in lab]
-    assert backward and all(("let c = 0u;" in w) == ("c" in unroll and name.endswith("d64")) for w in backward)
-    assert all(("let jj = 0u;" in w or "let ii = 0u;" in w) == ("jj" in unroll) for w in backward)
+    kernels = {lab: w for lab, w in _kernels(qs, ks, at).items() if "/sum" not in lab}
+    dq = [w for lab, w in kernels.items() if lab.startswith("attention_dq")]
+    dkv = [w for lab, w in kernels.items() if lab.startswith("attention_dkv")]
+    assert dq and dkv and all(("let c = 0u;" in w) == ("c" in unroll and name.endswith("d64")) for w in dq + dkv)
+    assert all(("let jj = 0u;" in w) == ("jj" in unroll) and "let ii = 0u;" not in w for w in dq)
+    assert all(("let ii = 0u;" in w) == ("ii" in unroll) and "let jj = 0u;" not in w for w in dkv)
     got, ref, _ = _run(device, qs, ks, at)
     errors = {k: rel(got[k], r) for k, r in ref.items()}
     assert max(errors.values()) <= TOL, errors
