@@ -63,18 +63,18 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles 
 ITERS = 100
 # attention backward (dQ, dK, dV of one attention): Whisper-tiny, DINOv2, SD-1.5's first level (self, cross)
 ATTENTION_BACKWARDS = [(1, 6, 1500, 1500, 64), (1, 6, 257, 257, 64), (1, 8, 4096, 4096, 40), (1, 8, 4096, 77, 40)]
-# (vec4 loads, workgroup-memory budget, fused, fill, 2D tiles, loops written out): "decomposed" times the decomposition's
-# gradient (scores in memory, GEMMs, softmax) instead of the fused kernels; fill: workgroups the
-# fused kernels aim for by cutting their loops into chunks (0: whole loops); tiles [row][column] or flat
-_ALL = ("c", "jj", "ii")
-ATTENTION_BWD_PLANS = {"scalar loads": (False, 32768, True, 0, True, _ALL), "split to 528": (False, 32768, True, 528, True, _ALL),
-                       "split to 1056 (default)": (False, 32768, True, 1056, True, _ALL),
-                       "split to 1056, flat tiles": (False, 32768, True, 1056, False, _ALL),
-                       "split to 1056, loops kept": (False, 32768, True, 1056, True, ()),
-                       "split to 1056, columns unrolled": (False, 32768, True, 1056, True, ("c",)),
-                       "split to 1056, steps unrolled": (False, 32768, True, 1056, True, ("jj", "ii")),
-                       "split to 2112": (False, 32768, True, 2112, True, _ALL),
-                       "decomposed": (True, 32768, False, 0, True, _ALL)}
+# codegen_attention.ATTENTION_BWD_PLAN settings, and "budget" (ops_layers.BACKWARD_BUDGET) and
+# "fused" (False: the decomposition's gradient, scores in memory, GEMMs, softmax); fill: workgroups
+# the fused kernels aim for by cutting their loops into chunks (0: whole loops)
+_BWD = {"vec4_loads": False, "fill": 1056, "tiles_2d": True, "unroll": ("c", "jj", "ii"), "budget": 32768, "fused": True}
+ATTENTION_BWD_PLANS = {"scalar loads": {**_BWD, "fill": 0}, "split to 528": {**_BWD, "fill": 528},
+                       "split to 1056 (default)": _BWD,
+                       "split to 1056, flat tiles": {**_BWD, "tiles_2d": False},
+                       "split to 1056, loops kept": {**_BWD, "unroll": ()},
+                       "split to 1056, columns unrolled": {**_BWD, "unroll": ("c",)},
+                       "split to 1056, steps unrolled": {**_BWD, "unroll": ("jj", "ii")},
+                       "split to 2112": {**_BWD, "fill": 2112},
+                       "decomposed": {**_BWD, "vec4_loads": True, "fill": 0, "fused": False}}
 ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 256, "tiles_2d": False},
                    "fill 1024": {"min_split_keys": 32, "fill": 1024, "min_keys": 256, "tiles_2d": False},
                    "fill 1024, from 64 keys": {"min_split_keys": 32, "fill": 1024, "min_keys": 64, "tiles_2d": False},
@@ -289,8 +289,10 @@ def main(argv=None):
     saved_l = {k: getattr(ops_layers, k) for k in ("BACKWARD_BUDGET", "SCORES_IN_MEMORY_MAX", "SCORES_PARAM_SHARE")}
     for shape in ATTENTION_BACKWARDS if ATTENTION_BWD_PLANS else []:
         row = {"case": f"attention_backward {shape} (forward included)", "plans": {}}
-        for name, (vec4, budget, fused, fill, two_d, unroll) in ATTENTION_BWD_PLANS.items():
-            codegen_attention.ATTENTION_BWD_PLAN.update(vec4_loads=vec4, fill=fill, tiles_2d=two_d, unroll=unroll)
+        for name, plan in ATTENTION_BWD_PLANS.items():
+            plan = dict(plan)
+            budget, fused = plan.pop("budget"), plan.pop("fused")
+            codegen_attention.ATTENTION_BWD_PLAN.update(plan)
             ops_layers.BACKWARD_BUDGET = budget
             # the gradient rule picks fused or decomposed as the graph is built: force it
             ops_layers.SCORES_IN_MEMORY_MAX = 0 if fused else float("inf")

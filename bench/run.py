@@ -282,7 +282,7 @@ def main(argv=None):
     tdev = "cuda" if torch.cuda.is_available() else "cpu"
     if tdev == "cpu" and not args.smoke:
         print("warning: no CUDA: torch runs on the CPU", file=sys.stderr)
-    cache_empty = _load_settings()["shader_cache_empty_at_start"]  # before the device writes to it
+    load_settings = _load_settings()  # before the device writes to the shader cache
     device = default_device()
     info = {"date": time.strftime("%Y-%m-%d"), "gpu": device.adapter.info["device"],
             "driver": device.adapter.info.get("description", ""), "backend": device.adapter.info["backend_type"],
@@ -291,8 +291,7 @@ def main(argv=None):
             "python": platform.python_version(), "features": sorted(device.features), "smoke": args.smoke,
             "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch,
             "gemm_prologues": args.gemm_prologues, "shader_checks": not args.no_shader_checks,
-            "weights": args.weights, **settings, **_load_settings(),
-            "shader_cache_empty_at_start": cache_empty}
+            "weights": args.weights, **settings, **load_settings}
     rows = []
     out = Path(args.out)
     for name, spec in WORKLOADS.items():

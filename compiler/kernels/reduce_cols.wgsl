@@ -21,10 +21,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     // four rows' loads in flight, combined in row order (the same sums as one row at a time): wgpu's
     // loop bounding keeps the driver from unrolling a checked loop itself
     for (; r + 4u <= end; r = r + 4u) {
-        let v0 = load(gid.z, (o * {{R}}u + r) * {{INNER}}u + i);
-        let v1 = load(gid.z, (o * {{R}}u + r + 1u) * {{INNER}}u + i);
-        let v2 = load(gid.z, (o * {{R}}u + r + 2u) * {{INNER}}u + i);
-        let v3 = load(gid.z, (o * {{R}}u + r + 3u) * {{INNER}}u + i);
+        let at = (o * {{R}}u + r) * {{INNER}}u + i;
+        let v0 = load(gid.z, at);
+        let v1 = load(gid.z, at + {{INNER}}u);
+        let v2 = load(gid.z, at + 2u * {{INNER}}u);
+        let v3 = load(gid.z, at + 3u * {{INNER}}u);
         acc = {{COMBINE}}({{COMBINE}}({{COMBINE}}({{COMBINE}}(acc, v0), v1), v2), v3);
     }
     for (; r < end; r = r + 1u) {

@@ -13,10 +13,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     var s = 0u;
     // four loads in flight, combined in slice order (see reduce_cols.wgsl)
     for (; s + 4u <= {{S}}u; s = s + 4u) {
-        let v0 = partial[base + s * {{OUTPUTS}}u];
-        let v1 = partial[base + (s + 1u) * {{OUTPUTS}}u];
-        let v2 = partial[base + (s + 2u) * {{OUTPUTS}}u];
-        let v3 = partial[base + (s + 3u) * {{OUTPUTS}}u];
+        let at = base + s * {{OUTPUTS}}u;
+        let v0 = partial[at];
+        let v1 = partial[at + {{OUTPUTS}}u];
+        let v2 = partial[at + 2u * {{OUTPUTS}}u];
+        let v3 = partial[at + 3u * {{OUTPUTS}}u];
         acc = {{COMBINE}}({{COMBINE}}({{COMBINE}}({{COMBINE}}(acc, v0), v1), v2), v3);
     }
     for (; s < {{S}}u; s = s + 1u) {

@@ -21,10 +21,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     // four loads in flight, combined in order (the same sums as one at a time): wgpu's loop
     // bounding keeps the driver from unrolling a checked loop itself
     for (; r + 192u < end; r = r + 256u) {
-        let v0 = load(wg.z, row * {{R}}u + r);
-        let v1 = load(wg.z, row * {{R}}u + r + 64u);
-        let v2 = load(wg.z, row * {{R}}u + r + 128u);
-        let v3 = load(wg.z, row * {{R}}u + r + 192u);
+        let at = row * {{R}}u + r;
+        let v0 = load(wg.z, at);
+        let v1 = load(wg.z, at + 64u);
+        let v2 = load(wg.z, at + 128u);
+        let v3 = load(wg.z, at + 192u);
         acc = {{COMBINE}}({{COMBINE}}({{COMBINE}}({{COMBINE}}(acc, v0), v1), v2), v3);
     }
     for (; r < end; r = r + 64u) {
