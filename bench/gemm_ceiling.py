@@ -4,7 +4,7 @@
 a * b + c) against cuBLAS fp32 (TF32 off) in the same process. Experiments for the
 compiler's 128-tile plan (codegen_gemm.GEMM_PLAN), not used by it.
 
-    python bench/gemm_ceiling.py [--size 4096] [--out DIR] [--no-torch] [--skip-fma] [--bisect]
+    python bench/gemm_ceiling.py [--size 4096] [--out DIR] [--no-torch] [--skip-fma] [--bisect | --checks]
 """
 from __future__ import annotations
 
@@ -110,10 +110,10 @@ class Runner:
             self.dev.queue.write_buffer(buf, 0, data)
         return buf
 
-    def pipeline(self, code, buffers):
+    def pipeline(self, code, buffers, checked=False):
         t0 = time.perf_counter()
-        p = self.dev.create_compute_pipeline(layout="auto", compute={"module": self.module(self.dev, code, "x"),
-                                                                      "entry_point": "main"})
+        module = self.dev.create_shader_module(code=code) if checked else self.module(self.dev, code, "x")
+        p = self.dev.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
         made = time.perf_counter() - t0
         group = self.dev.create_bind_group(layout=p.get_bind_group_layout(0), entries=[
             {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(buffers)])
@@ -174,7 +174,7 @@ def _operands(run: Runner, size: int):
 def _timed(run: Runner, bench: str, name: str, code: str, size: int, tile: tuple, operands, rows: list, **kw):
     """Time kernel `code` on `operands` and check its first 64 rows of C; a row of results."""
     buffers, ref = operands
-    p, g, made = run.pipeline(code, buffers)
+    p, g, made = run.pipeline(code, buffers, kw.pop("checked", False))
     t = run.time(p, g, (size // tile[1], size // tile[0], 1), **kw)
     err = float(np.abs(run.read(buffers[2]).reshape(size, size)[:64] - ref).max() / np.abs(ref).max())
     rows.append({"bench": bench, "variant": name, "us": t * 1e6, "tflops": 2 * size ** 3 / t / 1e12,
@@ -269,19 +269,42 @@ def bisect(run: Runner, size: int, rows: list, torch_ok: bool = False):
                 _timed(run, "compiled", f"as compiled, {how}", code, size, (128, 128), operands, rows, **kw)
 
 
+def checks(run: Runner, size: int, rows: list, torch_ok: bool = False):
+    """The compiled kernel with and without wgpu's shader checks (the Session's default has
+    them), at 1, 2 and 4 K steps per loop trip (GEMM_PLAN["k_unroll"])."""
+    from meganeura.compiler.codegen_gemm import GEMM_PLAN
+
+    if torch_ok:
+        _torch_single(size, rows)
+    operands = _operands(run, size)
+    variants, kept = {}, GEMM_PLAN["k_unroll"]
+    for steps in (1, 2, 4):
+        GEMM_PLAN["k_unroll"] = steps
+        variants[f"{steps} K step{'s' if steps > 1 else ''} per trip"] = _compiled_kernel(size)
+    GEMM_PLAN["k_unroll"] = kept
+    for _ in range(2):  # twice over: the spread between the rounds is the noise
+        for name, code in variants.items():
+            for checked in (True, False):
+                _timed(run, "checks", f"{name}, {'checked' if checked else 'unchecked'}", code, size, (128, 128),
+                       operands, rows, checked=checked)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=int, default=4096)
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--skip-fma", action="store_true")
     ap.add_argument("--bisect", action="store_true", help="the compiler's kernel, its differences taken out one by one")
+    ap.add_argument("--checks", action="store_true", help="the compiler's kernel with and without shader checks")
     ap.add_argument("--fma-threads", type=int, default=132 * 2048 * 4, help="every SM full, several times over")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
     run, rows = Runner(), []
     if not args.skip_fma:
         fma_peak(run, rows, args.fma_threads)
-    if args.bisect:
+    if args.checks:
+        checks(run, args.size, rows, not args.no_torch)
+    elif args.bisect:
         bisect(run, args.size, rows, not args.no_torch)
     else:
         gemms(run, args.size, rows, not args.no_torch)

@@ -21,6 +21,7 @@ from .codegen import (
     per_output,
     tile_type,
 )
+from .gemm_store import store4_body
 from .schedule import Kernel, Schedule, base_of
 from .wgsl import render, template
 
@@ -79,9 +80,8 @@ def _stores128(tg: int = 16) -> dict:
     """igemm128.wgsl's result stores: row r of the 8 (A's groups), columns of B's groups."""
     sa, sb = GEMM_PLAN["spread_a"], GEMM_PLAN["spread_b"]
     stores = "\n".join(
-        f"    store(g, slice, r + {r % 4 + (4 * tg if sa else 4) * (r >= 4)}u, "
-        f"c + {(4 * tg if sb else 4) * (h == 'h') + i}u, acc{r}{h}.{comp});"
-        for r in range(8) for h in "lh" for i, comp in enumerate("xyzw"))
+        f"    store4(g, slice, r + {r % 4 + (4 * tg if sa else 4) * (r >= 4)}u, "
+        f"c + {(4 * tg if sb else 4) * (h == 'h')}u, acc{r}{h});" for r in range(8) for h in "lh")
     return {"STORES": stores, "ROW_STEP": 4 if sa else 8, "COL_STEP": 4 if sb else 8}
 
 
@@ -212,7 +212,29 @@ GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 12
              # (the driver can hoist it) where the flat index's is a new one per read in the inner
              # loop; without checks the addresses are the same. H200: 4096^3 3367 -> 3087 us, the
              # policy's GEMMs and convolutions 11.6 -> 10.4 ms, ResNet-50's step 30.3 -> 27.3 ms
-             "tiles_2d": True}
+             "tiles_2d": True,
+             # K steps written out per loop trip (128-tiles; 64- and 32-tiles), where every slice's
+             # steps divide by it: the driver keeps the K loop rolled, and a trip's two steps schedule
+             # as one block. H200, checked: 4096^3 3093 -> 3016 us (4 steps: 3025), ResNet-50's 3x3
+             # convolution 173 -> 142 us, the policy's GEMMs and convolutions 10.38 -> 10.20 ms
+             "k_unroll": 2, "k_unroll_small": 2,
+             # results stored 4 columns at a time, what the 4 share computed once (gemm_store.py);
+             # off: store4 is 4 store() calls
+             "store4": True}
+
+
+def _trips(body: str, steps: int, step: str) -> tuple:
+    """A K loop's body doing `steps` K steps per trip (each a block of its own: the steps'
+    names repeat), and the kernel comment saying so."""
+    if steps == 1:
+        return body, ""
+    blocks = [f"        {{\n{body}\n        }}" for _ in range(steps)]
+    return f"\n        k0 = k0 + {step};\n".join(blocks), f" {steps} K steps per loop trip."
+
+
+def k_steps_per_trip(k: int, ks: int, bk: int, want: int) -> int:
+    """`want` where every split-K slice's K steps divide by it (ks and k by want * bk), else 1."""
+    return want if want > 1 and k % (want * bk) == 0 and ks % (want * bk) == 0 else 1
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
@@ -328,6 +350,8 @@ def edge_guards(ragged: dict) -> dict:
         out[f"GUARD_COND_{hole}"] = c
         out[f"GUARD_{hole}"] = (f"    if ({c}) {{\n        return{' ' + ret if ret else ''};\n    }}" if c
                                 else f"    // ({' and '.join(d.upper() for d in dims)}: whole tiles and K steps, unguarded)")
+    # (store4's columns n0 .. n0 + 3 lie past the edge together once n0 does)
+    out["GUARD_STORE4"] = out["GUARD_STORE"].replace("n >= N", "n0 >= N")
     return out
 
 
@@ -355,7 +379,8 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     tg = tile // 8 if big else tile // 4
     ks = -(-(-(-k // split)) // bk) * bk  # slice length, a multiple of the K step
     split = -(-k // ks)
-    contract = dict(M=m, N=n, K=k, SPLIT=split, KS=ks, LOAD_A=load_a, LOAD_B=load_b)
+    contract = dict(M=m, N=n, K=k, SPLIT=split, KS=ks, LOAD_A=load_a, LOAD_B=load_b,
+                    STORE4=store4_body(store if split == 1 else partial_store(groups, m, n), n, GEMM_PLAN["store4"]))
     # the GPU kernels' tiles step M and N by `tile` and K by `bk` from 0 (slices: multiples of
     # bk): a dimension they divide never runs past its edge
     gpu_contract = {**contract, **edge_guards({"m": m % tile != 0, "n": n % tile != 0, "k": k % bk != 0})}
@@ -370,22 +395,26 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
         slots = bind.list()[:n_load] + [(temp, "read_write")]
         decls = (prelude if load_prelude else "") + "\n".join(all_decls[:n_load]) + \
             f"\n@group(0) @binding({n_load}) var<storage, read_write> partial: array<f32>;" + loaders
-        st = f"    partial[((slice * {groups}u + g) * {m}u + m) * {n}u + n] = v;"
+        st = partial_store(groups, m, n)
     common = render("igemm_common", BINDINGS=decls, STORE=st, **contract)
     gpu_common = render("igemm_common", BINDINGS=decls, STORE=st, **gpu_contract)
     if big:
         modes = [v[0] if v and GEMM_PLAN["vec4_loads"] else None for v in vec4]
+        stage = _stage128(bk, k_contiguous, modes, tg)
+        stage["LOOP_BODY"], note = _trips(stage["LOOP_BODY"], k_steps_per_trip(k, ks, bk, GEMM_PLAN["k_unroll"]), "BK")
         wgsl = render("igemm128", COMMON=_vec4_common(gpu_common, decls, st, gpu_contract, modes, vec4), ACC_DECL=ACC128,
-                      THREAD_XY=thread_xy(tg, GEMM_PLAN["warp_rows"]),
-                      **_stores128(tg), **_stage128(bk, k_contiguous, modes, tg))
+                      THREAD_XY=thread_xy(tg, GEMM_PLAN["warp_rows"]), STEPS_NOTE=note, **_stores128(tg), **stage)
     else:
         assert bk == 16, bk  # igemm.wgsl steps K by 16: the edge guards above assume the plan's K step
         modes = [v[0] if v and GEMM_PLAN["vec4_loads"] and GEMM_PLAN["vec4_small_tiles"] else None for v in vec4]
+        stage = _stage_small(tile // 4, k_contiguous, modes)
+        step = "\n".join([stage.pop("STAGING"), "        workgroupBarrier();", INNER[tile // 4, GEMM_PLAN["tiles_2d"]],
+                          "        workgroupBarrier();"])
+        body, note = _trips(step, k_steps_per_trip(k, ks, bk, GEMM_PLAN["k_unroll_small"]), "16u")
         wgsl = render("igemm", COMMON=_vec4_common(gpu_common, decls, st, gpu_contract, modes, vec4),
-                      INNER_LOOP=INNER[tile // 4, GEMM_PLAN["tiles_2d"]], TG=tile // 4,
+                      LOOP_BODY=body, STEPS_NOTE=note, TG=tile // 4,
                       TILE_TYPE=tile_type(16, tile // 4, GEMM_PLAN["tiles_2d"]),
-                      THREAD_XY=thread_xy(tile // 4, GEMM_PLAN["warp_rows_small"]),
-                      **_stage_small(tile // 4, k_contiguous, modes))
+                      THREAD_XY=thread_xy(tile // 4, GEMM_PLAN["warp_rows_small"]), **stage)
     threads = (tg, tg, 1)
     code = KernelCode(wgsl, threads, slots, (-(-n // tile), -(-m // tile), groups * split), label)
     code.gemm_decls, code.gemm_store = decls, st  # for variants with other main loops
@@ -408,6 +437,11 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     reduce = KernelCode(wgsl2, (WG, 1, 1), [(temp, "read")] + bind.list()[n_load:], grid(-(-total // WG)),
                         label + "/splitk-sum")
     return [code, reduce]
+
+
+def partial_store(groups: int, m: int, n: int) -> str:
+    """store()'s body with split-K: the GEMM writes [slice, g, m, n] partials."""
+    return f"    partial[((slice * {groups}u + g) * {m}u + m) * {n}u + n] = v;"
 
 
 def prologue_load(sched: Schedule, k: Kernel, x: int, at: str, bind: _Bindings):

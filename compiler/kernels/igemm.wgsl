@@ -25,19 +25,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
+    // each K step, each thread stages vec4s of A (4 rows at one k, or 4 k of one row) and of B
+    // ({{A_ORDER}} for A, {{B_ORDER}} for B, so that a warp's loads walk the operand's
+    // contiguous dimension): tile entries e = tid, tid + TG * TG, ... below 16 TG.{{STEPS_NOTE}}
     for (var k0 = slice * KS; k0 < k_end; k0 = k0 + 16u) {
-        // each thread stages vec4s of A (4 rows at one k, or 4 k of one row) and of B
-        // ({{A_ORDER}} for A, {{B_ORDER}} for B, so that a warp's loads walk the operand's
-        // contiguous dimension): tile entries e = tid, tid + TG * TG, ... below 16 TG
-{{STAGING}}
-        workgroupBarrier();
-{{INNER_LOOP}}
-        workgroupBarrier();
+{{LOOP_BODY}}
     }
     let r = row0 + ty * 4u;
     let c = col0 + tx * 4u;
-    store(g, slice, r, c, acc0.x); store(g, slice, r, c + 1u, acc0.y); store(g, slice, r, c + 2u, acc0.z); store(g, slice, r, c + 3u, acc0.w);
-    store(g, slice, r + 1u, c, acc1.x); store(g, slice, r + 1u, c + 1u, acc1.y); store(g, slice, r + 1u, c + 2u, acc1.z); store(g, slice, r + 1u, c + 3u, acc1.w);
-    store(g, slice, r + 2u, c, acc2.x); store(g, slice, r + 2u, c + 1u, acc2.y); store(g, slice, r + 2u, c + 2u, acc2.z); store(g, slice, r + 2u, c + 3u, acc2.w);
-    store(g, slice, r + 3u, c, acc3.x); store(g, slice, r + 3u, c + 1u, acc3.y); store(g, slice, r + 3u, c + 2u, acc3.z); store(g, slice, r + 3u, c + 3u, acc3.w);
+    store4(g, slice, r, c, acc0);
+    store4(g, slice, r + 1u, c, acc1);
+    store4(g, slice, r + 2u, c, acc2);
+    store4(g, slice, r + 3u, c, acc3);
 }

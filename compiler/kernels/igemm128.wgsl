@@ -7,7 +7,7 @@
 // element lives (a strided matrix for matmul; an im2col window for convolutions), and
 // store writes each result (where epilogues go). Edges are guarded where a tile or K step may
 // cross them (codegen_gemm.edge_guards): any M, N, K works.
-// K advances BK at a time; {{PREFETCH_NOTE}}
+// K advances BK at a time; {{PREFETCH_NOTE}}{{STEPS_NOTE}}
 {{COMMON}}
 const BK: u32 = {{BK}}u;
 const STAGED: u32 = {{STAGED}}u;

@@ -1,5 +1,6 @@
 // The implicit-GEMM contract shared by igemm*.wgsl: sizes, split-K slices, and the
-// generated load_a(g, m, k), load_b(g, k, n) and store(g, slice, m, n, v). Edges are guarded
+// generated load_a(g, m, k), load_b(g, k, n), store(g, slice, m, n, v) and store4 (columns n0 to
+// n0 + 3 at once: what they share computed once, gemm_store.py). Edges are guarded
 // here, so any M, N, K works; a dimension the tiles (or K steps) divide goes unguarded, as
 // the generator knows (guarded loads cost 6% of a 4096^3 GEMM on the H200). Each variant adds
 // its workgroup memory and main loop.
@@ -24,4 +25,9 @@ fn load_b(g: u32, k: u32, n: u32) -> f32 {
 fn store(g: u32, slice: u32, m: u32, n: u32, v: f32) {
 {{GUARD_STORE}}
 {{STORE}}
+}
+
+fn store4(g: u32, slice: u32, m: u32, n0: u32, v4: vec4<f32>) {
+{{GUARD_STORE4}}
+{{STORE4}}
 }
