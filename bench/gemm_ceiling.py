@@ -269,19 +269,25 @@ def bisect(run: Runner, size: int, rows: list, torch_ok: bool = False):
                 _timed(run, "compiled", f"as compiled, {how}", code, size, (128, 128), operands, rows, **kw)
 
 
+CHECK_PLANS = {"1 K step per trip": {"k_unroll": 1, "k_unroll_long": 1}, "2 K steps per trip": {"k_unroll_long": 2},
+               "4 K steps per trip": {"k_unroll_long": 4},
+               "two buffers, 2 K steps per trip": {"k_unroll_long": 2, "double_buffer": True},
+               "two buffers, 4 K steps per trip": {"k_unroll_long": 4, "double_buffer": True}}
+
+
 def checks(run: Runner, size: int, rows: list, torch_ok: bool = False):
     """The compiled kernel with and without wgpu's shader checks (the Session's default has
-    them), at 1, 2 and 4 K steps per loop trip (GEMM_PLAN["k_unroll"])."""
+    them), under CHECK_PLANS' GEMM_PLAN settings."""
     from meganeura.compiler.codegen_gemm import GEMM_PLAN
 
     if torch_ok:
         _torch_single(size, rows)
     operands = _operands(run, size)
-    variants, kept = {}, GEMM_PLAN["k_unroll"]
-    for steps in (1, 2, 4):
-        GEMM_PLAN["k_unroll"] = steps
-        variants[f"{steps} K step{'s' if steps > 1 else ''} per trip"] = _compiled_kernel(size)
-    GEMM_PLAN["k_unroll"] = kept
+    variants, kept = {}, dict(GEMM_PLAN)
+    for name, plan in CHECK_PLANS.items():
+        GEMM_PLAN.update(plan)
+        variants[name] = _compiled_kernel(size)
+        GEMM_PLAN.update(kept)
     for _ in range(2):  # twice over: the spread between the rounds is the noise
         for name, code in variants.items():
             for checked in (True, False):

@@ -29,7 +29,8 @@ ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60)
 _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
       "big_split": 0, "regs64": False, "straight_staging": False, "conv_vec4_weights": False, "double_buffer": False,
       "warp_rows": 2, "warp_rows_small": 2, "k_rows_fastest": False,
-      "tiles_2d": True, "k_unroll": 2, "k_unroll_small": 2, "store4": True}
+      "tiles_2d": True, "k_unroll": 2, "k_unroll_small": 2, "store4": True,
+      "k_unroll_long": 4, "long_k": 512}
 # (each plan sets every key: plans run one after another; flat tiles before session 9, one K
 # step per loop trip and no store4 before session 10)
 _BIG = {"big_bk": 8,  # (16 before session 8: older result files measured these plans with 16)
@@ -61,9 +62,10 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles 
     "... flat tiles (k * groups + group)": {**_DEFAULT, "tiles_2d": False},
     "... one K step per loop trip": {**_DEFAULT, "k_unroll": 1, "k_unroll_small": 1},
     "... 128-tiles: 4 K steps per loop trip": {**_DEFAULT, "k_unroll": 4},
+    "... 128-tiles: 2 K steps per loop trip, however long K": {**_DEFAULT, "k_unroll_long": 2},
     "... results stored one at a time (no store4)": {**_DEFAULT, "store4": False},
-    "... and 128-tiles on two buffers, K step 8 ([buffer][k][group])": {**_F, **_BIG, "spread_a": False, "spread_b": True,
-                                                  "big_min_side": 128, "straight_staging": True, "double_buffer": True},
+    "... 128-tiles on two buffers, alternating by the steps of a loop trip": {**_DEFAULT, "double_buffer": True},
+    "... 128-tiles on two buffers, 4 K steps per loop trip": {**_DEFAULT, "double_buffer": True, "k_unroll": 4},
 }
 ITERS = 100
 # attention backward (dQ, dK, dV of one attention): Whisper-tiny, DINOv2, SD-1.5's first level (self, cross)

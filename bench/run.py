@@ -64,6 +64,8 @@ EXPERIMENTS = {
     "--warp-rows-small": ("codegen_gemm", ("GEMM_PLAN", "warp_rows_small"), None,
                           "64-tiles: a warp covers 32 / N x N threads (2: 16 x 2, 4: 8 x 4)"),
     "--k-unroll": ("codegen_gemm", ("GEMM_PLAN", "k_unroll"), None, "128-tiles: K steps per loop trip"),
+    "--k-unroll-long": ("codegen_gemm", ("GEMM_PLAN", "k_unroll_long"), None,
+                        "128-tiles whose slices span GEMM_PLAN long_k or more: K steps per loop trip"),
     "--k-unroll-small": ("codegen_gemm", ("GEMM_PLAN", "k_unroll_small"), None, "64- and 32-tiles: K steps per loop trip"),
     "--no-store4": ("codegen_gemm", ("GEMM_PLAN", "store4"), False,
                     "GEMM results stored one at a time (store4 as 4 store() calls: nothing shared)"),

@@ -85,7 +85,7 @@ def _stores128(tg: int = 16) -> dict:
     return {"STORES": stores, "ROW_STEP": 4 if sa else 8, "COL_STEP": 4 if sb else 8}
 
 
-def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16) -> dict:
+def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16, steps: int = 1) -> dict:
     """igemm128.wgsl's staging: 2 TG BK / TG^2 vec4s of A and of B per thread (BK/8 on
     128-tiles, BK/4 on 64-tiles), loaded into registers
     (the next tile's while this one is multiplied, with GEMM_PLAN["prefetch"]) and stored
@@ -145,18 +145,32 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16) -> dict:
         # (2D tiles: [buffer][k][group], so that the checks clamp the buffer once per step)
         note += " Two tile buffers, one barrier per K step."
         two = GEMM_PLAN["tiles_2d"]
+        buffers, k_rows = "two buffers", 2 * bk
+        if steps % 2 == 0:  # a trip's steps alternate the buffers: each named by a constant (no clamp)
+            def at(b):
+                return f"{b}u][" if two else f"{b * w * bk}u + "
+
+            def step(cur):
+                return "\n".join([nxt, inner.replace("BUF", at(cur)), "        if (k0 + BK < k_end) {",
+                                  store_tiles.replace("BUF", at(1 - cur)), "        }", "        workgroupBarrier();"])
+            loop, trips = _trips([step(i % 2) for i in range(steps)], "BK")
+            return dict(INDEX="\n".join(index), LOAD_FIRST=first, LOOP_BODY=loop, STEPS_NOTE=trips,
+                        BEFORE_LOOP="\n".join([store_tiles.replace("BUF", at(0)), "    workgroupBarrier();"]),
+                        STAGED=w * bk, TILE_TYPE=_tile128(k_rows, w, buffers), BUFFERS=buffers, BK=bk,
+                        PREFETCH_NOTE=note + " The buffers alternate by the steps of a loop trip.", TG=tg,
+                        TILE=8 * tg, GROUPS=w, **out)
         at, flip = ("buf][", "        buf = 1u - buf;") if two else ("buf + ", "        buf = STAGED - buf;")
         body = [nxt, inner.replace("BUF", at), flip,
                 "        if (k0 + BK < k_end) {", store_tiles.replace("BUF", at), "        }",
                 "        workgroupBarrier();"]
         before = ["    var buf = 0u;", store_tiles.replace("BUF", "0u][" if two else ""), "    workgroupBarrier();"]
-        buffers, k_rows = "two buffers", 2 * bk
     else:
         body = [store_tiles.replace("BUF", ""), "        workgroupBarrier();", nxt, inner.replace("BUF", ""),
                 "        workgroupBarrier();"]
         before, buffers, k_rows = [], "one buffer", bk
-    return dict(INDEX="\n".join(index), LOAD_FIRST=first, BEFORE_LOOP="\n".join(before), LOOP_BODY="\n".join(body),
-                STAGED=w * bk, TILE_TYPE=_tile128(k_rows, w, buffers), BUFFERS=buffers, BK=bk, PREFETCH_NOTE=note, TG=tg,
+    loop, trips = _trips(["\n".join(body)] * steps, "BK")
+    return dict(INDEX="\n".join(index), LOAD_FIRST=first, BEFORE_LOOP="\n".join(before), LOOP_BODY=loop,
+                STEPS_NOTE=trips, STAGED=w * bk, TILE_TYPE=_tile128(k_rows, w, buffers), BUFFERS=buffers, BK=bk, PREFETCH_NOTE=note, TG=tg,
                 TILE=8 * tg, GROUPS=w, **out)
 
 
@@ -216,25 +230,37 @@ GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 12
              # K steps written out per loop trip (128-tiles; 64- and 32-tiles), where every slice's
              # steps divide by it: the driver keeps the K loop rolled, and a trip's two steps schedule
              # as one block. H200, checked: 4096^3 3093 -> 3016 us (4 steps: 3025), ResNet-50's 3x3
-             # convolution 173 -> 142 us, the policy's GEMMs and convolutions 10.38 -> 10.20 ms
-             "k_unroll": 2, "k_unroll_small": 2,
+             # convolution 173 -> 142 us, the policy's GEMMs and convolutions 10.38 -> 10.20 ms.
+             # 128-tiles whose slices span at least `long_k` take `k_unroll_long` (SmolLM2's lm head
+             # 716 -> 680 us; the policy 10.21 -> 10.09 ms; 4 steps double the driver's compile time
+             # of a kernel, so only where K is long)
+             "k_unroll": 2, "k_unroll_small": 2, "k_unroll_long": 4, "long_k": 512,
              # results stored 4 columns at a time, what the 4 share computed once (gemm_store.py);
              # off: store4 is 4 store() calls
              "store4": True}
 
 
-def _trips(body: str, steps: int, step: str) -> tuple:
-    """A K loop's body doing `steps` K steps per trip (each a block of its own: the steps'
-    names repeat), and the kernel comment saying so."""
-    if steps == 1:
-        return body, ""
-    blocks = [f"        {{\n{body}\n        }}" for _ in range(steps)]
-    return f"\n        k0 = k0 + {step};\n".join(blocks), f" {steps} K steps per loop trip."
+def _trips(bodies: list, step: str) -> tuple:
+    """A K loop's body doing one K step per entry of `bodies` per trip (each a block of its
+    own: the steps' names repeat), and the kernel comment saying so."""
+    if len(bodies) == 1:
+        return bodies[0], ""
+    blocks = [f"        {{\n{body}\n        }}" for body in bodies]
+    return f"\n        k0 = k0 + {step};\n".join(blocks), f" {len(bodies)} K steps per loop trip."
 
 
 def k_steps_per_trip(k: int, ks: int, bk: int, want: int) -> int:
     """`want` where every split-K slice's K steps divide by it (ks and k by want * bk), else 1."""
     return want if want > 1 and k % (want * bk) == 0 and ks % (want * bk) == 0 else 1
+
+
+def _steps128(k: int, ks: int, bk: int) -> int:
+    """K steps per loop trip on 128-tiles: more where the slices are long (GEMM_PLAN long_k)."""
+    if ks >= GEMM_PLAN["long_k"]:
+        steps = k_steps_per_trip(k, ks, bk, GEMM_PLAN["k_unroll_long"])
+        if steps > 1:
+            return steps
+    return k_steps_per_trip(k, ks, bk, GEMM_PLAN["k_unroll"])
 
 
 def gemm_plan(m: int, n: int, k: int, groups: int, conv: bool = False) -> tuple:
@@ -400,17 +426,16 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     gpu_common = render("igemm_common", BINDINGS=decls, STORE=st, **gpu_contract)
     if big:
         modes = [v[0] if v and GEMM_PLAN["vec4_loads"] else None for v in vec4]
-        stage = _stage128(bk, k_contiguous, modes, tg)
-        stage["LOOP_BODY"], note = _trips(stage["LOOP_BODY"], k_steps_per_trip(k, ks, bk, GEMM_PLAN["k_unroll"]), "BK")
+        stage = _stage128(bk, k_contiguous, modes, tg, _steps128(k, ks, bk))
         wgsl = render("igemm128", COMMON=_vec4_common(gpu_common, decls, st, gpu_contract, modes, vec4), ACC_DECL=ACC128,
-                      THREAD_XY=thread_xy(tg, GEMM_PLAN["warp_rows"]), STEPS_NOTE=note, **_stores128(tg), **stage)
+                      THREAD_XY=thread_xy(tg, GEMM_PLAN["warp_rows"]), **_stores128(tg), **stage)
     else:
         assert bk == 16, bk  # igemm.wgsl steps K by 16: the edge guards above assume the plan's K step
         modes = [v[0] if v and GEMM_PLAN["vec4_loads"] and GEMM_PLAN["vec4_small_tiles"] else None for v in vec4]
         stage = _stage_small(tile // 4, k_contiguous, modes)
         step = "\n".join([stage.pop("STAGING"), "        workgroupBarrier();", INNER[tile // 4, GEMM_PLAN["tiles_2d"]],
                           "        workgroupBarrier();"])
-        body, note = _trips(step, k_steps_per_trip(k, ks, bk, GEMM_PLAN["k_unroll_small"]), "16u")
+        body, note = _trips([step] * k_steps_per_trip(k, ks, bk, GEMM_PLAN["k_unroll_small"]), "16u")
         wgsl = render("igemm", COMMON=_vec4_common(gpu_common, decls, st, gpu_contract, modes, vec4),
                       LOOP_BODY=body, STEPS_NOTE=note, TG=tile // 4,
                       TILE_TYPE=tile_type(16, tile // 4, GEMM_PLAN["tiles_2d"]),

@@ -125,3 +125,15 @@ def test_k_steps_per_loop_trip(case, steps, device, monkeypatch):
     assert (f"{steps} K steps per loop trip" in kernel) == (steps in takes)
     assert kernel.count("k0 = k0 + BK;" if case.startswith("128") else "k0 = k0 + 16u;\n") == \
         (steps - 1 if steps in takes else 0)
+
+
+@pytest.mark.parametrize("k, steps", [(512, 4), (528, 2), (520, 1), (256, 2)])
+def test_long_k_takes_more_steps_per_trip(k, steps, device):
+    """128-tiles whose slices span GEMM_PLAN long_k (512) or more take k_unroll_long (4) K steps
+    per trip where they divide the slice, else k_unroll's 2 where those do, else 1."""
+    rng = np.random.default_rng(k)
+    b = Builder()
+    b.output("y", b.input("x", (2050, k)) @ b.param("w", rng.standard_normal((k, 2048)) / np.sqrt(k)))
+    (kernel,) = _run(b.build(), {"x": rng.standard_normal((2050, k))}, device)
+    assert "acc0l" in kernel and kernel.count("k0 = k0 + BK;") == steps - 1
+    assert (f"{steps} K steps per loop trip" in kernel) == (steps > 1)

@@ -255,23 +255,31 @@ def test_conv_weights_read_16_bytes_at_a_time(shape, device, monkeypatch):
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
+@pytest.mark.parametrize("steps", [1, 2])
 @pytest.mark.parametrize("case", ["tiles_of_128_k_contiguous", "tiles_of_128_vec4_rows", "tiles_of_128_transposed",
-                                  "conv_grads"])
-def test_128_tiles_on_two_buffers(case, device, monkeypatch):
+                                  "tiles_of_128_k_32", "conv_grads"])
+def test_128_tiles_on_two_buffers(case, steps, device, monkeypatch):
     """GEMM_PLAN["double_buffer"]: 128-tiles stage the next K step into a second tile buffer
     while multiplying the first (one barrier per step), matmuls with every load layout and a
     convolution (on two buffers forward; its gradients take other tiles at this size) with both
-    gradients, on the GPU kernels against numpy / torch."""
+    gradients, on the GPU kernels against numpy / torch; the buffer a variable, or with 2 K
+    steps per loop trip where they pair up, a constant in each step."""
     from meganeura.compiler import codegen_gemm
 
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "double_buffer", True)
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "k_unroll", steps)
     if case == "conv_grads":
         model, vals, refs = _conv_with_gradients((4, 16, 64, 64), (256, 16, 3, 3), 1, seed=8, w_scale=0.2)
     else:
-        model, vals, refs = _matmul_case(*CASES[case], seed=8)
+        model, vals, refs = _matmul_case(*CASES.get(case, ((2050, 32), (32, 2049), False, False)), seed=8)
     pkg = Package.from_bytes(compile_model(model))
     doubled = {k["label"] for k in pkg.manifest["kernels"] if "Two tile buffers" in k["wgsl"]}
     assert doubled == ({"conv2d"} if case == "conv_grads" else {"matmul"}), doubled
+    for k in pkg.manifest["kernels"]:
+        if "Two tile buffers" in k["wgsl"]:
+            paired = "2 K steps per loop trip" in k["wgsl"]
+            assert paired == (steps == 2 and case in ("tiles_of_128_k_32", "conv_grads"))  # (K 12: steps of 8 do not pair)
+            assert ("var buf = 0u;" in k["wgsl"]) != paired and ("b_tile[1u][" in k["wgsl"]) == paired
     from meganeura.runtime.package import workgroup_bytes
 
     assert max(workgroup_bytes(k["wgsl"]) or 0 for k in pkg.manifest["kernels"]) <= 16384  # WebGPU's default
