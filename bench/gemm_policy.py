@@ -32,7 +32,8 @@ _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_f
       "tiles_2d": True, "k_unroll": 2, "k_unroll_small": 2, "store4": True,
       "k_unroll_long": 4, "long_k": 512}
 # (each plan sets every key: plans run one after another; flat tiles before session 9, one K
-# step per loop trip and no store4 before session 10)
+# step per loop trip and no store4 before session 10. A result file names its plans as they
+# were then: session 10's 4-step and two-buffer plans ran with 2 steps as the default)
 _BIG = {"big_bk": 8,  # (16 before session 8: older result files measured these plans with 16)
         "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
 _DEFAULT = {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128, "straight_staging": True}
@@ -61,11 +62,9 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles 
     "... 128-tile matmuls with K steps of 16": {**_DEFAULT, "big_bk": 16},
     "... flat tiles (k * groups + group)": {**_DEFAULT, "tiles_2d": False},
     "... one K step per loop trip": {**_DEFAULT, "k_unroll": 1, "k_unroll_small": 1},
-    "... 128-tiles: 4 K steps per loop trip": {**_DEFAULT, "k_unroll": 4},
     "... 128-tiles: 2 K steps per loop trip, however long K": {**_DEFAULT, "k_unroll_long": 2},
     "... results stored one at a time (no store4)": {**_DEFAULT, "store4": False},
     "... 128-tiles on two buffers, alternating by the steps of a loop trip": {**_DEFAULT, "double_buffer": True},
-    "... 128-tiles on two buffers, 4 K steps per loop trip": {**_DEFAULT, "double_buffer": True, "k_unroll": 4},
 }
 ITERS = 100
 # attention backward (dQ, dK, dV of one attention): Whisper-tiny, DINOv2, SD-1.5's first level (self, cross)

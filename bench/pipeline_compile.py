@@ -3,9 +3,10 @@ each number is one kernel's), with and without wgpu's shader checks, and for the
 kernels with fused epilogues also with the epilogue replaced by a plain store (how much of
 their compile the epilogue is). For a first launch's load time (bench/load_profile.py times
 the real, threaded load). Run with an empty driver shader cache (__GL_SHADER_DISK_CACHE_PATH
-a fresh folder): every variant's text differs, so none hits another's entry.
+a fresh folder): every variant differs (the plain stores carry a literal of their own), so none
+hits another's entry.
 
-    python bench/pipeline_compile.py [--only NAME ...] [--out DIR]
+    python bench/pipeline_compile.py [--only NAME ...] [--plan KEY=INT ...] [--out DIR]
 """
 from __future__ import annotations
 
@@ -21,25 +22,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_profile import _kind, _workloads  # noqa: E402
 
 
-def plain_store(wgsl: str) -> str | None:
-    """A GEMM kernel's store() with its epilogue replaced by a write of v to its output (the last
-    read_write binding), or None when the kernel has no epilogue."""
+def plain_store(wgsl: str, tag: int) -> str | None:
+    """A GEMM kernel with its epilogue taken out: store() and store4 write v to the output (the
+    last read_write binding) and nothing else; None when the kernel has no epilogue. `tag` goes
+    into a literal, so that two kernels differing only in their epilogues stay two texts (the
+    driver would answer the second from its cache)."""
     head = re.search(r"fn store\(g: u32, slice: u32, m: u32, n: u32, v: f32\) \{\n", wgsl)
-    if head is None:
-        return None
-    end = wgsl.index("\n}\n", head.end())
-    body = wgsl[head.end():end]
-    if "ev0" not in body:
+    if head is None or "ev0" not in wgsl[head.end():wgsl.index("\n}\n", head.end())]:
         return None
     out = re.findall(r"var<storage, read_write> (\w+)", wgsl)[-1]
-    return wgsl[:head.end()] + f"    {out}[(g * M + m) * N + n] = v;" + wgsl[end:]
+    write = f"    {out}[(g * M + m) * N + n] = v + {tag}e-30;"
+    bodies = {"fn store(": write, "fn store4(": "\n".join(
+        write.replace(" n]", f" n0 + {i}u]").replace("= v +", f"= v4.{c} +") for i, c in enumerate("xyzw"))}
+    for name, body in bodies.items():
+        start = wgsl.index("{\n", wgsl.index(name)) + 2
+        wgsl = wgsl[:start] + body + wgsl[wgsl.index("\n}\n", start):]
+    return wgsl
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", default=["ResNet-50 224 (b16"])
+    ap.add_argument("--plan", nargs="*", default=[], metavar="KEY=INT",
+                    help="codegen_gemm.GEMM_PLAN settings to compile with (e.g. k_unroll=1 store4=0)")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
+    from meganeura.compiler.codegen_gemm import GEMM_PLAN
+
+    for setting in args.plan:
+        key, value = setting.split("=")
+        if key not in GEMM_PLAN:
+            ap.error(f"GEMM_PLAN has no {key!r}")
+        GEMM_PLAN[key] = type(GEMM_PLAN[key])(int(value))
     from meganeura.compiler import compile_model
     from meganeura.runtime import Package
     from meganeura.runtime.device import default_device
@@ -67,7 +81,7 @@ def main(argv=None):
             k = m["kernels"][i]
             row = {"label": k["label"], "kind": _kind(k["wgsl"]), "chars": len(k["wgsl"]),
                    "checked_ms": made(k["wgsl"], True), "unchecked_ms": made(k["wgsl"], False)}
-            plain = plain_store(k["wgsl"])
+            plain = plain_store(k["wgsl"], i)
             if plain is not None:
                 row["plain_store_checked_ms"] = made(plain, True)
             per.append(row)
@@ -82,7 +96,7 @@ def main(argv=None):
                 s["with_epilogue"] += 1
                 s["epilogue_checked_ms"] += r["checked_ms"]
                 s["plain_store_checked_ms"] += r["plain_store_checked_ms"]
-        summary = {"workload": name, "kernels": len(per), "families": sums,
+        summary = {"workload": name, "plan": args.plan, "kernels": len(per), "families": sums,
                    "checked_ms": sum(r["checked_ms"] for r in per), "unchecked_ms": sum(r["unchecked_ms"] for r in per)}
         print(json.dumps(summary), flush=True)
         rows.append({**summary, "per_kernel": per})

@@ -147,31 +147,28 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16, steps: int
         two = GEMM_PLAN["tiles_2d"]
         buffers, k_rows = "two buffers", 2 * bk
         if steps % 2 == 0:  # a trip's steps alternate the buffers: each named by a constant (no clamp)
-            def at(b):
+            def buffer(b):
                 return f"{b}u][" if two else f"{b * w * bk}u + "
 
             def step(cur):
-                return "\n".join([nxt, inner.replace("BUF", at(cur)), "        if (k0 + BK < k_end) {",
-                                  store_tiles.replace("BUF", at(1 - cur)), "        }", "        workgroupBarrier();"])
-            loop, trips = _trips([step(i % 2) for i in range(steps)], "BK")
-            return dict(INDEX="\n".join(index), LOAD_FIRST=first, LOOP_BODY=loop, STEPS_NOTE=trips,
-                        BEFORE_LOOP="\n".join([store_tiles.replace("BUF", at(0)), "    workgroupBarrier();"]),
-                        STAGED=w * bk, TILE_TYPE=_tile128(k_rows, w, buffers), BUFFERS=buffers, BK=bk,
-                        PREFETCH_NOTE=note + " The buffers alternate by the steps of a loop trip.", TG=tg,
-                        TILE=8 * tg, GROUPS=w, **out)
-        at, flip = ("buf][", "        buf = 1u - buf;") if two else ("buf + ", "        buf = STAGED - buf;")
-        body = [nxt, inner.replace("BUF", at), flip,
-                "        if (k0 + BK < k_end) {", store_tiles.replace("BUF", at), "        }",
-                "        workgroupBarrier();"]
-        before = ["    var buf = 0u;", store_tiles.replace("BUF", "0u][" if two else ""), "    workgroupBarrier();"]
+                return "\n".join([nxt, inner.replace("BUF", buffer(cur)), "        if (k0 + BK < k_end) {",
+                                  store_tiles.replace("BUF", buffer(1 - cur)), "        }", "        workgroupBarrier();"])
+            steps_bodies = [step(i % 2) for i in range(steps)]
+            before = [store_tiles.replace("BUF", buffer(0)), "    workgroupBarrier();"]
+            note += " The buffers alternate by the steps of a loop trip."
+        else:  # the buffer a variable, flipped every step
+            buf, flip = ("buf][", "        buf = 1u - buf;") if two else ("buf + ", "        buf = STAGED - buf;")
+            steps_bodies = ["\n".join([nxt, inner.replace("BUF", buf), flip, "        if (k0 + BK < k_end) {",
+                                       store_tiles.replace("BUF", buf), "        }", "        workgroupBarrier();"])] * steps
+            before = ["    var buf = 0u;", store_tiles.replace("BUF", "0u][" if two else ""), "    workgroupBarrier();"]
     else:
-        body = [store_tiles.replace("BUF", ""), "        workgroupBarrier();", nxt, inner.replace("BUF", ""),
-                "        workgroupBarrier();"]
+        steps_bodies = ["\n".join([store_tiles.replace("BUF", ""), "        workgroupBarrier();", nxt,
+                                   inner.replace("BUF", ""), "        workgroupBarrier();"])] * steps
         before, buffers, k_rows = [], "one buffer", bk
-    loop, trips = _trips(["\n".join(body)] * steps, "BK")
+    loop, trips = _trips(steps_bodies, "BK")
     return dict(INDEX="\n".join(index), LOAD_FIRST=first, BEFORE_LOOP="\n".join(before), LOOP_BODY=loop,
-                STEPS_NOTE=trips, STAGED=w * bk, TILE_TYPE=_tile128(k_rows, w, buffers), BUFFERS=buffers, BK=bk, PREFETCH_NOTE=note, TG=tg,
-                TILE=8 * tg, GROUPS=w, **out)
+                STEPS_NOTE=trips, STAGED=w * bk, TILE_TYPE=_tile128(k_rows, w, buffers), BUFFERS=buffers, BK=bk,
+                PREFETCH_NOTE=note, TG=tg, TILE=8 * tg, GROUPS=w, **out)
 
 
 def _tile128(k_rows: int, w: int, buffers: str) -> str:

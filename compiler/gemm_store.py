@@ -7,8 +7,8 @@ n0 + 1 lies in the same channel as n0. Where the columns come in whole groups of
 (N % 4 == 0, so n0 % 4 == 0 and the group never straddles an edge), store4 computes what
 the 4 share once (lines that divide the flat index or n by a multiple of 4, and what depends
 only on them) and the rest per column in a block of its own. Everything else falls back to
-4 store() calls. Halves the driver's compile time of epilogue GEMMs on NVIDIA (the
-epilogue was half of it, bench/pipeline_compile.py) and trims their stores.
+4 store() calls. On the H200: ResNet-50's inference 6.62 -> 6.36 ms, and the driver's compile
+of its epilogues 0.89 -> 0.39 s (bench/pipeline_compile.py).
 """
 from __future__ import annotations
 
@@ -68,6 +68,4 @@ def store4_body(store: str, n: int, share: bool = True) -> str:
 
 def _at_first(line: str) -> str:
     """A shared line reading the first column's n and flat index."""
-    if line.startswith("let idx0 ="):
-        return line
     return re.sub(r"\bidx\b", "idx0", re.sub(r"\bn\b", "n0", line))
