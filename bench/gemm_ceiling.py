@@ -98,9 +98,9 @@ class Runner:
         import wgpu
 
         from meganeura.runtime.device import default_device
-        from meganeura.runtime.native import unchecked_module
+        from meganeura.runtime.native import shader_module
 
-        self.wgpu, self.dev, self.module = wgpu, default_device(), unchecked_module
+        self.wgpu, self.dev, self.module = wgpu, default_device(), shader_module
         self.timer = GpuTimer(self.dev)
 
     def buffer(self, data=None, size=None):
@@ -112,7 +112,7 @@ class Runner:
 
     def pipeline(self, code, buffers, checked=False):
         t0 = time.perf_counter()
-        module = self.dev.create_shader_module(code=code) if checked else self.module(self.dev, code, "x")
+        module = self.module(self.dev, code, "x", checked)
         p = self.dev.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
         made = time.perf_counter() - t0
         group = self.dev.create_bind_group(layout=p.get_bind_group_layout(0), entries=[

@@ -48,6 +48,22 @@ def _workloads():
         TrainConfig(loss="cross_entropy", optimizer="adamw")
 
 
+def compiled_packages(only):
+    """(name, package file) for each workload whose name contains one of `only` (all when None),
+    compiled as bench/run.py does; each file is removed once the caller moves on."""
+    from meganeura.compiler import compile_model
+
+    for name, build, train in _workloads():
+        if only and not any(o.lower() in name.lower() for o in only):
+            continue
+        path = Path(tempfile.mkdtemp()) / "p.mnpk"
+        path.write_bytes(compile_model(build(), train, share_scratch=True))
+        try:
+            yield name, path
+        finally:
+            path.unlink()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*")
@@ -56,7 +72,6 @@ def main(argv=None):
     ap.add_argument("--all-kernels", action="store_true", help="every kernel's pipeline time, and sums per family")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
-    from meganeura.compiler import compile_model
     from meganeura.runtime import Package, Session
     from meganeura.runtime import session as session_module
     from meganeura.runtime.device import default_device
@@ -67,11 +82,7 @@ def main(argv=None):
     # (_upload, not _write: the writes run on threads, and their sum is no time anyone waits)
     originals = {k: getattr(Session, k) for k in ("_allocate", "_upload", "_pipeline", "_bind_group")}
     rows = []
-    for name, build, train in _workloads():
-        if args.only and not any(o.lower() in name.lower() for o in args.only):
-            continue
-        path = Path(tempfile.mkdtemp()) / "p.mnpk"
-        path.write_bytes(compile_model(build(), train, share_scratch=True))
+    for name, path in compiled_packages(args.only):
         for threads in args.threads:
             session_module.LOAD_THREADS = threads
             for attempt in ("first", "second"):
@@ -111,7 +122,6 @@ def main(argv=None):
                 rows.append(row)
                 s.close()
                 del s, pkg
-        path.unlink()
     for k, f in originals.items():
         setattr(Session, k, f)
     out = Path(args.out)

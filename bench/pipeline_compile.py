@@ -14,12 +14,11 @@ import argparse
 import json
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load_profile import _kind, _workloads  # noqa: E402
+from load_profile import _kind, compiled_packages  # noqa: E402
 
 
 def plain_store(wgsl: str, tag: int) -> str | None:
@@ -54,26 +53,21 @@ def main(argv=None):
         if key not in GEMM_PLAN:
             ap.error(f"GEMM_PLAN has no {key!r}")
         GEMM_PLAN[key] = type(GEMM_PLAN[key])(int(value))
-    from meganeura.compiler import compile_model
     from meganeura.runtime import Package
     from meganeura.runtime.device import default_device
-    from meganeura.runtime.native import unchecked_module
+    from meganeura.runtime.native import shader_module
     from meganeura.runtime.session import _variant
 
     dev = default_device()
 
     def made(code: str, checked: bool) -> float:
         t = time.perf_counter()
-        module = dev.create_shader_module(code=code) if checked else unchecked_module(dev, code, "probe")
+        module = shader_module(dev, code, "probe", checked)
         dev.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
         return 1e3 * (time.perf_counter() - t)
 
     rows = []
-    for name, build, train in _workloads():
-        if args.only and not any(o.lower() in name.lower() for o in args.only):
-            continue
-        path = Path(tempfile.mkdtemp()) / "p.mnpk"
-        path.write_bytes(compile_model(build(), train, share_scratch=True))
+    for name, path in compiled_packages(args.only):
         m = Package.load(path).manifest
         used = sorted({_variant(d, "gpu")["kernel"] for p in m["programs"].values() for d in p["dispatches"]})
         per = []
@@ -100,7 +94,6 @@ def main(argv=None):
                    "checked_ms": sum(r["checked_ms"] for r in per), "unchecked_ms": sum(r["unchecked_ms"] for r in per)}
         print(json.dumps(summary), flush=True)
         rows.append({**summary, "per_kernel": per})
-        path.unlink()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "pipeline_compile.json").write_text(json.dumps(rows, indent=1))

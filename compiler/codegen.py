@@ -371,6 +371,12 @@ def _count_pass(sched, spans, store):
                       f"count_nonfinite x{len(pieces)}")
 
 
+# reduce_rows' tree over a workgroup's 64 partials, a step per width (wgpu bounds a loop, and the
+# driver keeps a bounded loop of barriers rolled)
+ROWS_TREE = "\n".join(f"    if (lid < {w}u) {{\n        part[lid] = combine(part[lid], part[lid + {w}u]);\n    }}\n"
+                      "    workgroupBarrier();" for w in (32, 16, 8, 4, 2))
+
+
 def _reduction(geometry, is_max, bind, out_bind, loads, stores, uses_prelude, label):
     """The kernel(s) of `nz` reductions of [outer, red, inner] over axis 1, given their
     load(which, idx) functions and store statements; `split` > 1: partials, then a pass
@@ -391,7 +397,7 @@ def _reduction(geometry, is_max, bind, out_bind, loads, stores, uses_prelude, la
         tail = []
     decls = "\n".join([bind.decls(), render("prelude") if uses_prelude else "", combine, *loads, *tail, emit])
     holes = {"BINDINGS": decls, "OUTER": outer, "R": red, "S": split, "RS": -(-red // split), "INIT": init,
-             "COMBINE": "combine"}
+             "COMBINE": "combine", "TREE": ROWS_TREE}
     suffix = "" if split == 1 else "/split"
     if by_rows(red, inner):
         first = KernelCode(render("reduce_rows", **holes), (64, 1, 1), slots, (*grid(outer * split)[:2], nz),
@@ -412,7 +418,7 @@ def _reduction(geometry, is_max, bind, out_bind, loads, stores, uses_prelude, la
                 f"* {outputs}u + idx / {split}u]; }}")
         emit = "fn emit(z: u32, s: u32, idx: u32, v: f32) { store(z, idx, v); }"
         second = KernelCode(render("reduce_rows", BINDINGS="\n".join([decls2, load, emit]), OUTER=outputs, R=split,
-                                   S=1, RS=split, INIT=init, COMBINE="combine"),
+                                   S=1, RS=split, INIT=init, COMBINE="combine", TREE=ROWS_TREE),
                             (64, 1, 1), [(temp, "read")] + out_bind.list(), (*grid(outputs)[:2], nz), label + "/combine")
     else:
         second = KernelCode(render("reduce_partials", BINDINGS=decls2, OUTPUTS=outputs, S=split, INIT=init,

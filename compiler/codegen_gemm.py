@@ -292,7 +292,7 @@ def _staging(k_contiguous: bool, index: str, ks: int, groups: int) -> dict:
     return {"K": f"{index} / {groups}u", "G": f"{index} % {groups}u", "ORDER": "rows/columns fastest"}
 
 
-def _vec4_common(common, decls, st, contract, modes, vec4) -> str:
+def _vec4_common(common, decls, contract, modes, vec4) -> str:
     """igemm_common with the vec4 operands' bindings retyped (as_vec4: array<vec4<f32>>, or
     array<vec2<u32>> for f16 weights), their scalar loaders stubbed out and load_a4 / load_b4 added."""
     if not any(modes):
@@ -303,7 +303,7 @@ def _vec4_common(common, decls, st, contract, modes, vec4) -> str:
     for op, mode in zip("ab", modes):
         if mode:
             contract4[f"LOAD_{op.upper()}"] = f"    return 0.0;  // read through load_{op}4"
-    return render("igemm_common", BINDINGS=decls4, STORE=st, **contract4) + "".join(
+    return render("igemm_common", BINDINGS=decls4, **contract4) + "".join(
         _vec4_loader(op, v[1], contract[f"GUARD_COND_{op.upper()}"]) for op, mode, v in zip("ab", modes, vec4) if mode)
 
 
@@ -402,8 +402,10 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     tg = tile // 8 if big else tile // 4
     ks = -(-(-(-k // split)) // bk) * bk  # slice length, a multiple of the K step
     split = -(-k // ks)
-    contract = dict(M=m, N=n, K=k, SPLIT=split, KS=ks, LOAD_A=load_a, LOAD_B=load_b,
-                    STORE4=store4_body(store if split == 1 else partial_store(groups, m, n), n, GEMM_PLAN["store4"]))
+    # with split-K, the GEMM kernel writes [slice, g, m, n] partials into a temp buffer
+    st = store if split == 1 else f"    partial[((slice * {groups}u + g) * {m}u + m) * {n}u + n] = v;"
+    contract = dict(M=m, N=n, K=k, SPLIT=split, KS=ks, LOAD_A=load_a, LOAD_B=load_b, STORE=st,
+                    STORE4=store4_body(st, n, GEMM_PLAN["store4"]))
     # the GPU kernels' tiles step M and N by `tile` and K by `bk` from 0 (slices: multiples of
     # bk): a dimension they divide never runs past its edge
     gpu_contract = {**contract, **edge_guards({"m": m % tile != 0, "n": n % tile != 0, "k": k % bk != 0})}
@@ -411,20 +413,18 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     all_decls = bind.decls(list(names), loaders=False).splitlines()
     loaders = bind.loaders(list(names), range(n_load))  # f16 operands widened as they load
     if split == 1:
-        decls, st = prelude + "\n".join(all_decls) + loaders, store
-        slots = bind.list()
-    else:  # the GEMM kernel writes [slice, g, m, n] partials into a temp buffer
+        decls, slots = prelude + "\n".join(all_decls) + loaders, bind.list()
+    else:
         temp = ("temp", next(_temp_ids))
         slots = bind.list()[:n_load] + [(temp, "read_write")]
         decls = (prelude if load_prelude else "") + "\n".join(all_decls[:n_load]) + \
             f"\n@group(0) @binding({n_load}) var<storage, read_write> partial: array<f32>;" + loaders
-        st = partial_store(groups, m, n)
-    common = render("igemm_common", BINDINGS=decls, STORE=st, **contract)
-    gpu_common = render("igemm_common", BINDINGS=decls, STORE=st, **gpu_contract)
+    common = render("igemm_common", BINDINGS=decls, **contract)
+    gpu_common = render("igemm_common", BINDINGS=decls, **gpu_contract)
     if big:
         modes = [v[0] if v and GEMM_PLAN["vec4_loads"] else None for v in vec4]
         stage = _stage128(bk, k_contiguous, modes, tg, _steps128(k, ks, bk))
-        wgsl = render("igemm128", COMMON=_vec4_common(gpu_common, decls, st, gpu_contract, modes, vec4), ACC_DECL=ACC128,
+        wgsl = render("igemm128", COMMON=_vec4_common(gpu_common, decls, gpu_contract, modes, vec4), ACC_DECL=ACC128,
                       THREAD_XY=thread_xy(tg, GEMM_PLAN["warp_rows"]), **_stores128(tg), **stage)
     else:
         assert bk == 16, bk  # igemm.wgsl steps K by 16: the edge guards above assume the plan's K step
@@ -433,7 +433,7 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
         step = "\n".join([stage.pop("STAGING"), "        workgroupBarrier();", INNER[tile // 4, GEMM_PLAN["tiles_2d"]],
                           "        workgroupBarrier();"])
         body, note = _trips([step] * k_steps_per_trip(k, ks, bk, GEMM_PLAN["k_unroll_small"]), "16u")
-        wgsl = render("igemm", COMMON=_vec4_common(gpu_common, decls, st, gpu_contract, modes, vec4),
+        wgsl = render("igemm", COMMON=_vec4_common(gpu_common, decls, gpu_contract, modes, vec4),
                       LOOP_BODY=body, STEPS_NOTE=note, TG=tile // 4,
                       TILE_TYPE=tile_type(16, tile // 4, GEMM_PLAN["tiles_2d"]),
                       THREAD_XY=thread_xy(tile // 4, GEMM_PLAN["warp_rows_small"]), **stage)
@@ -459,11 +459,6 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     reduce = KernelCode(wgsl2, (WG, 1, 1), [(temp, "read")] + bind.list()[n_load:], grid(-(-total // WG)),
                         label + "/splitk-sum")
     return [code, reduce]
-
-
-def partial_store(groups: int, m: int, n: int) -> str:
-    """store()'s body with split-K: the GEMM writes [slice, g, m, n] partials."""
-    return f"    partial[((slice * {groups}u + g) * {m}u + m) * {n}u + n] = v;"
 
 
 def prologue_load(sched: Schedule, k: Kernel, x: int, at: str, bind: _Bindings):

@@ -29,3 +29,8 @@ def unchecked_module(device, code: str, label: str):
     if handle == ffi.NULL:
         raise RuntimeError(f"shader module {label!r} was not made")
     return GPUShaderModule(label, handle, device)
+
+
+def shader_module(device, code: str, label: str = "", checked: bool = True):
+    """A shader module with wgpu's runtime checks (the default) or without (unchecked_module)."""
+    return device.create_shader_module(code=code, label=label) if checked else unchecked_module(device, code, label)

@@ -15,7 +15,7 @@ import numpy as np
 from .checkpoint import safetensors_bytes, write_atomic
 from .device import default_device, fresh_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
-from .native import unchecked_module
+from .native import shader_module
 from .package import DTYPES, F16_MAX, Package, PackageError, workgroup_bytes
 
 # threads writing the weights at load (each write copies into a staging buffer of the driver's).
@@ -261,8 +261,7 @@ class Session:
         wgpu = self._wgpu
         bgl, layout = self._layout(k)
         try:
-            module = self.device.create_shader_module(code=k["wgsl"], label=k.get("label", "")) if self.shader_checks \
-                else unchecked_module(self.device, k["wgsl"], k.get("label", ""))
+            module = shader_module(self.device, k["wgsl"], k.get("label", ""), self.shader_checks)
             pipeline = self.device.create_compute_pipeline(
                 layout=layout, compute={"module": module, "entry_point": k["entry"]}, label=k.get("label", ""))
         except wgpu.GPUValidationError as exc:

@@ -34,26 +34,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     part[lid] = acc;
     workgroupBarrier();
     // the tree, unrolled (a checked loop of barriers is not)
-    if (lid < 32u) {
-        part[lid] = {{COMBINE}}(part[lid], part[lid + 32u]);
-    }
-    workgroupBarrier();
-    if (lid < 16u) {
-        part[lid] = {{COMBINE}}(part[lid], part[lid + 16u]);
-    }
-    workgroupBarrier();
-    if (lid < 8u) {
-        part[lid] = {{COMBINE}}(part[lid], part[lid + 8u]);
-    }
-    workgroupBarrier();
-    if (lid < 4u) {
-        part[lid] = {{COMBINE}}(part[lid], part[lid + 4u]);
-    }
-    workgroupBarrier();
-    if (lid < 2u) {
-        part[lid] = {{COMBINE}}(part[lid], part[lid + 2u]);
-    }
-    workgroupBarrier();
+{{TREE}}
     if (lid == 0u) {  // (reads only its own write: no barrier)
         emit(wg.z, s, row, {{COMBINE}}(part[0], part[1]));
     }
