@@ -111,8 +111,15 @@ class Runner:
         return buf
 
     def pipeline(self, code, buffers, checked=False):
+        """`checked`: True / False for all of wgpu's shader checks or none, or an int of
+        native.BOUNDS_CHECKS / LOOP_BOUNDING for some of them."""
+        from meganeura.runtime.native import unchecked_module
+
         t0 = time.perf_counter()
-        module = self.module(self.dev, code, "x", checked)
+        if isinstance(checked, bool):
+            module = self.module(self.dev, code, "x", checked)
+        else:
+            module = unchecked_module(self.dev, code, "x", checked)
         p = self.dev.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
         made = time.perf_counter() - t0
         group = self.dev.create_bind_group(layout=p.get_bind_group_layout(0), entries=[
@@ -272,10 +279,16 @@ def bisect(run: Runner, size: int, rows: list, torch_ok: bool = False):
 CHECK_PLANS = {"1 K step per trip": {"k_unroll": 1, "k_unroll_long": 1}, "2 K steps per trip": {"k_unroll_long": 2},
                "4 K steps per trip": {"k_unroll_long": 4},
                "two buffers, 2 K steps per trip": {"k_unroll_long": 2, "double_buffer": True},
-               "two buffers, 4 K steps per trip": {"k_unroll_long": 4, "double_buffer": True}}
+               "two buffers, 4 K steps per trip": {"k_unroll_long": 4, "double_buffer": True},
+               "rows split [half][thread], 2 K steps per trip": {"k_unroll_long": 2, "split_groups": True},
+               "rows split [half][thread], 4 K steps per trip": {"k_unroll_long": 4, "split_groups": True},
+               "rows split, k by quads, 2 K steps per trip": {"k_unroll_long": 2, "split_groups": True,
+                                                              "split_k_quads": True},
+               "rows split, k by quads, 4 K steps per trip": {"k_unroll_long": 4, "split_groups": True,
+                                                              "split_k_quads": True}}
 
 
-def checks(run: Runner, size: int, rows: list, torch_ok: bool = False):
+def checks(run: Runner, size: int, rows: list, torch_ok: bool = False, only=None):
     """The compiled kernel with and without wgpu's shader checks (the Session's default has
     them), under CHECK_PLANS' GEMM_PLAN settings."""
     from meganeura.compiler.codegen_gemm import GEMM_PLAN
@@ -285,14 +298,19 @@ def checks(run: Runner, size: int, rows: list, torch_ok: bool = False):
     operands = _operands(run, size)
     variants, kept = {}, dict(GEMM_PLAN)
     for name, plan in CHECK_PLANS.items():
+        if only and not any(o in name for o in only):
+            continue
         GEMM_PLAN.update(plan)
         variants[name] = _compiled_kernel(size)
         GEMM_PLAN.update(kept)
+    from meganeura.runtime.native import BOUNDS_CHECKS, LOOP_BOUNDING
+
+    modes = {"checked": True, "unchecked": False, "bounds checks only": BOUNDS_CHECKS,
+             "loop bounding only": LOOP_BOUNDING}
     for _ in range(2):  # twice over: the spread between the rounds is the noise
         for name, code in variants.items():
-            for checked in (True, False):
-                _timed(run, "checks", f"{name}, {'checked' if checked else 'unchecked'}", code, size, (128, 128),
-                       operands, rows, checked=checked)
+            for mode, checked in modes.items():
+                _timed(run, "checks", f"{name}, {mode}", code, size, (128, 128), operands, rows, checked=checked)
 
 
 def main(argv=None):
@@ -302,6 +320,7 @@ def main(argv=None):
     ap.add_argument("--skip-fma", action="store_true")
     ap.add_argument("--bisect", action="store_true", help="the compiler's kernel, its differences taken out one by one")
     ap.add_argument("--checks", action="store_true", help="the compiler's kernel with and without shader checks")
+    ap.add_argument("--plans", nargs="*", help="--checks: only the CHECK_PLANS whose names contain one of these")
     ap.add_argument("--fma-threads", type=int, default=132 * 2048 * 4, help="every SM full, several times over")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
@@ -309,7 +328,7 @@ def main(argv=None):
     if not args.skip_fma:
         fma_peak(run, rows, args.fma_threads)
     if args.checks:
-        checks(run, args.size, rows, not args.no_torch)
+        checks(run, args.size, rows, not args.no_torch, args.plans)
     elif args.bisect:
         bisect(run, args.size, rows, not args.no_torch)
     else:

@@ -65,6 +65,8 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles 
     "... 128-tiles: 2 K steps per loop trip, however long K": {**_DEFAULT, "k_unroll_long": 2},
     "... results stored one at a time (no store4)": {**_DEFAULT, "store4": False},
     "... 128-tiles on two buffers, alternating by the steps of a loop trip": {**_DEFAULT, "double_buffer": True},
+    "... 128-tiles' rows split [half][thread]": {**_DEFAULT, "split_groups": True},
+    "... rows split, k by quads": {**_DEFAULT, "split_groups": True, "split_k_quads": True},
 }
 ITERS = 100
 # attention backward (dQ, dK, dV of one attention): Whisper-tiny, DINOv2, SD-1.5's first level (self, cross)

@@ -61,12 +61,31 @@ def _halves128(op: str, spread: bool, tg: int = 16) -> tuple:
     return (f"{t}", f"{tg}u + {t}") if spread else (f"{t} * 2u", f"{t} * 2u + 1u")
 
 
-def _inner128(bk: int, tg: int = 16) -> str:
+def _split_group(op: str, group: str, tg: int) -> str:
+    """A 128-tile row's group index as the two indices of a [2][TG] (spread) or [TG][2] row
+    (GEMM_PLAN["split_groups"]): each inner-loop read then indexes by the thread's own
+    coordinate and a constant, one clamp for wgpu's checks instead of one per half."""
+    wrap = "2u" if not GEMM_PLAN[f"spread_{op}"] else f"{tg}u"
+    return f"[({group}) / {wrap}][({group}) % {wrap}]"
+
+
+def _k_at(op: str, kk: int, quads: tuple) -> str:
+    """A tile's K index: `kk`, or [kk / 4][kk % 4] where operand `op` is staged 4 k at a time
+    and its K rows are split so (GEMM_PLAN["split_k_quads"]: its 4 stores per step then share
+    one clamped address, the quad's, and differ by constants)."""
+    return f"{kk // 4}u][{kk % 4}u" if op in quads else f"{kk}u"
+
+
+def _inner128(bk: int, tg: int = 16, quads: tuple = ()) -> str:
     """igemm128.wgsl's unrolled K step: BK rows of the tiles, 64 multiply-adds each."""
     (al, ah), (bl, bh) = _halves128("a", GEMM_PLAN["spread_a"], tg), _halves128("b", GEMM_PLAN["spread_b"], tg)
     w = 2 * tg  # groups of 4 in a tile row
 
     def at(op, kk, group):
+        if _groups_split():  # the half (l / h) a constant index beside the thread's coordinate
+            t, half = ("ty" if op == "a" else "tx"), ("1u" if group in (ah, bh) else "0u")
+            k = _k_at(op, kk, quads)
+            return f"{op}_tile[BUF{k}][{half}][{t}]" if GEMM_PLAN[f"spread_{op}"] else f"{op}_tile[BUF{k}][{t}][{half}]"
         return f"{op}_tile[BUF{kk}u][{group}]" if GEMM_PLAN["tiles_2d"] else f"{op}_tile[BUF{kk * w}u + {group}]"
     return "\n".join(
         f"        let a{kk}l = {at('a', kk, al)};\n        let a{kk}h = {at('a', kk, ah)};\n"
@@ -94,6 +113,7 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16, steps: int
     entry holds) or along K ("k": 4 entries' same component, stored one by one)."""
     index, load, store, out = [], [], [], {}
     w, nt = 2 * tg, tg * tg  # groups of 4 in a tile row; threads
+    k_quads = tuple(op for op, mode in zip("ab", vec4) if mode == "k" and _groups_split() and GEMM_PLAN["split_k_quads"])
     per = w * bk // nt  # vec4s of each operand a thread stages per K step
     for op, contiguous, mode in zip("ab", k_contiguous, vec4):
         if mode == "k":
@@ -107,7 +127,11 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16, steps: int
                     index.append(f"    let {op}q{j} = {e} % {quads}u;\n    let {op}r{j} = {e} / {quads}u;")
                 at = (f"row0 + ar{j}, KB + aq{j} * 4u" if op == "a" else f"KB + bq{j} * 4u, col0 + br{j}")
                 load.append(f"p{op}{j} = load_{op}4(g, {at});")
-                entry = (lambda c, op=op, j=j: f"{op}_tile[BUF{op}q{j} * 4u + {c}u][{op}r{j} / 4u]" if GEMM_PLAN["tiles_2d"]
+                entry = (lambda c, op=op, j=j: f"{op}_tile[BUF{op}q{j}][{c}u]{_split_group(op, f'{op}r{j} / 4u', tg)}"
+                         if op in k_quads else
+                         f"{op}_tile[BUF{op}q{j} * 4u + {c}u]{_split_group(op, f'{op}r{j} / 4u', tg)}"
+                         if _groups_split() else
+                         f"{op}_tile[BUF{op}q{j} * 4u + {c}u][{op}r{j} / 4u]" if GEMM_PLAN["tiles_2d"]
                          else f"{op}_tile[BUF({op}q{j} * 4u + {c}u) * {w}u + {op}r{j} / 4u]")
                 store.append("\n".join(f"        {entry(c)}[{op}r{j} % 4u] = "
                                        f"p{op}{j}.{comp};" for c, comp in enumerate("xyzw")))
@@ -126,7 +150,8 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16, steps: int
             else:
                 els = ", ".join(f"load_b(g, KB + bk{j}, col0 + bg{j} * 4u + {i}u)" for i in range(4))
                 load.append(f"p{op}{j} = vec4<f32>({els});")
-            store.append(f"        {op}_tile[BUF{op}k{j}][{op}g{j}] = p{op}{j};" if GEMM_PLAN["tiles_2d"] else
+            store.append(f"        {op}_tile[BUF{op}k{j}]{_split_group(op, f'{op}g{j}', tg)} = p{op}{j};" if _groups_split() else
+                         f"        {op}_tile[BUF{op}k{j}][{op}g{j}] = p{op}{j};" if GEMM_PLAN["tiles_2d"] else
                          f"        {op}_tile[BUF{op}k{j} * {w}u + {op}g{j}] = p{op}{j};")
     decl = "\n".join(f"    var {line.replace('KB', 'k0')}" for line in load)
     if GEMM_PLAN["prefetch"]:
@@ -138,7 +163,7 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16, steps: int
         nxt, first = "", "\n".join(f"    var {line.split(' = ')[0]}: vec4<f32>;" for line in load)
         store_tiles = "\n".join([f"        {line.replace('KB', 'k0')}" for line in load] + store)
         note = "each tile is loaded, then multiplied."
-    inner = _inner128(bk, tg)
+    inner = _inner128(bk, tg, k_quads)
     if GEMM_PLAN["double_buffer"] and GEMM_PLAN["prefetch"]:
         # two tile buffers: the next tile is stored into one while the other is multiplied, so one
         # barrier per K step instead of two
@@ -167,12 +192,24 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16, steps: int
         before, buffers, k_rows = [], "one buffer", bk
     loop, trips = _trips(steps_bodies, "BK")
     return dict(INDEX="\n".join(index), LOAD_FIRST=first, BEFORE_LOOP="\n".join(before), LOOP_BODY=loop,
-                STEPS_NOTE=trips, STAGED=w * bk, TILE_TYPE=_tile128(k_rows, w, buffers), BUFFERS=buffers, BK=bk,
+                STEPS_NOTE=trips, STAGED=w * bk, BUFFERS=buffers, BK=bk,
+                A_TILE_TYPE=_tile128(k_rows, w, buffers, "a", k_quads), B_TILE_TYPE=_tile128(k_rows, w, buffers, "b", k_quads),
                 PREFETCH_NOTE=note, TG=tg, TILE=8 * tg, GROUPS=w, **out)
 
 
-def _tile128(k_rows: int, w: int, buffers: str) -> str:
-    """igemm128.wgsl's tile type: two buffers of 2D tiles are [buffer][k][group]."""
+def _groups_split() -> bool:
+    return GEMM_PLAN["tiles_2d"] and GEMM_PLAN["split_groups"]
+
+
+def _tile128(k_rows: int, w: int, buffers: str, op: str, quads: tuple = ()) -> str:
+    """igemm128.wgsl's tile type for operand `op`: [k][group], or [k][half][thread] /
+    [k][thread][half] (split_groups: the same bytes), with k as [k / 4][k % 4] for `quads`;
+    two buffers of them are [buffer][k]..."""
+    if _groups_split():
+        row = tile_type(2, w // 2, True) if GEMM_PLAN[f"spread_{op}"] else tile_type(w // 2, 2, True)
+        rows = k_rows // (2 if buffers == "two buffers" else 1)
+        one = f"array<array<{row}, 4>, {rows // 4}>" if op in quads else f"array<{row}, {rows}>"
+        return f"array<{one}, 2>" if buffers == "two buffers" else one
     if GEMM_PLAN["tiles_2d"] and buffers == "two buffers":
         return f"array<{tile_type(k_rows // 2, w, True)}, 2>"
     return tile_type(k_rows, w, GEMM_PLAN["tiles_2d"])
@@ -224,6 +261,14 @@ GEMM_PLAN = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 12
              # loop; without checks the addresses are the same. H200: 4096^3 3367 -> 3087 us, the
              # policy's GEMMs and convolutions 11.6 -> 10.4 ms, ResNet-50's step 30.3 -> 27.3 ms
              "tiles_2d": True,
+             # 128-tiles' rows typed [half][thread] / [thread][half] (the same bytes as [group]), so
+             # that an inner-loop read's only variable index is the thread's coordinate, and an
+             # operand staged 4 k at a time typed [k / 4][k % 4][...] (see _k_at): wgpu's checks
+             # then clamp a few loop-invariant indices. H200, 4096^3 with the Session's checks:
+             # 3,024 -> 2,989 us (rows split) -> 2,955 (and k by quads); unchecked 2,913-2,920
+             # either way; the policy's GEMMs and convolutions 10.14 -> 10.00 ms (only the 4096^3
+             # cases moved). With only the bounds checks 2,915, with only loop bounding 2,942.
+             "split_groups": True, "split_k_quads": True,
              # K steps written out per loop trip (128-tiles; 64- and 32-tiles), where every slice's
              # steps divide by it: the driver keeps the K loop rolled, and a trip's two steps schedule
              # as one block. H200, checked: 4096^3 3093 -> 3016 us (4 steps: 3025), ResNet-50's 3x3

@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 
-def unchecked_module(device, code: str, label: str):
-    """A shader module made by wgpu-native's wgpuDeviceCreateShaderModuleTrusted with no
-    runtime checks (wgpu-py 0.32 has no call for it)."""
+# wgpu-native's WGPUShaderRuntimeChecks flags (wgpu.h)
+BOUNDS_CHECKS, LOOP_BOUNDING = 0x1, 0x2
+
+
+def unchecked_module(device, code: str, label: str, keep: int = 0):
+    """A shader module made by wgpu-native's wgpuDeviceCreateShaderModuleTrusted with none of
+    wgpu's runtime checks, or only those in `keep` (BOUNDS_CHECKS, LOOP_BOUNDING; wgpu-py 0.32
+    has no call for it)."""
     try:
         from wgpu.backends.wgpu_native._api import (
             GPUShaderModule,
@@ -25,7 +30,7 @@ def unchecked_module(device, code: str, label: str):
     source[0].chain.sType = lib.WGPUSType_ShaderSourceWGSL
     desc = new_struct_p("WGPUShaderModuleDescriptor *", nextInChain=ffi.cast("WGPUChainedStruct *", source),
                         label=to_c_string_view(label))
-    handle = libf.wgpuDeviceCreateShaderModuleTrusted(device._internal, desc, 0)  # WGPUShaderRuntimeChecks_None
+    handle = libf.wgpuDeviceCreateShaderModuleTrusted(device._internal, desc, keep)
     if handle == ffi.NULL:
         raise RuntimeError(f"shader module {label!r} was not made")
     return GPUShaderModule(label, handle, device)

@@ -12,8 +12,8 @@
 const BK: u32 = {{BK}}u;
 const STAGED: u32 = {{STAGED}}u;
 // {{BUFFERS}} of [BK k][{{GROUPS}} row (A) / column (B) groups of 4]
-var<workgroup> a_tile: {{TILE_TYPE}};
-var<workgroup> b_tile: {{TILE_TYPE}};
+var<workgroup> a_tile: {{A_TILE_TYPE}};
+var<workgroup> b_tile: {{B_TILE_TYPE}};
 
 @compute @workgroup_size({{TG}}, {{TG}})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {

@@ -24,6 +24,7 @@ def test_tiles_indexed_by_k_then_group(case, two_d, device, monkeypatch):
     from meganeura.compiler import codegen_gemm
 
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "tiles_2d", two_d)
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "split_groups", False)  # [group] rows (split: test_kernel_variants)
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "double_buffer", case == "128_two_buffers")
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "regs64", case == "64_8x8_per_thread")
     if case == "conv_grads":

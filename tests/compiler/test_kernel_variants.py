@@ -471,6 +471,7 @@ def test_128_tiles_with_spread_thread_groups(name, spread, device, monkeypatch):
 
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "spread_a", spread[0])
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "spread_b", spread[1])
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "split_groups", False)  # rows as [group] (the text below)
     sa, sb, ta, tb = CASES[name]
     rng = np.random.default_rng(3)
     b = Builder()
@@ -483,3 +484,39 @@ def test_128_tiles_with_spread_thread_groups(name, spread, device, monkeypatch):
     ref = np.matmul(np.swapaxes(A, -1, -2) if ta else A.astype(np.float64), np.swapaxes(B, -1, -2) if tb else B)
     got = Session(device, pkg, device_class="gpu").run("infer", {"a": A, "b": B})["c"]
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
+
+
+@pytest.mark.parametrize("k_quads", [False, True])
+@pytest.mark.parametrize("spread", [(False, True), (True, False)])
+@pytest.mark.parametrize("case", ["tiles_of_128_k_contiguous", "tiles_of_128_vec4_rows", "tiles_of_128_transposed",
+                                  "tiles_of_128_vec4_k_batched", "two_buffers", "conv_grads"])
+def test_128_tile_rows_split_by_half_and_thread(case, spread, k_quads, device, monkeypatch):
+    """GEMM_PLAN["split_groups"]: 128-tile rows typed [half][thread] (groups 64 apart) or
+    [thread][half] (side by side), the same bytes as [group], and with split_k_quads an operand
+    staged 4 k at a time typed [k / 4][k % 4]: every load layout, two buffers, a convolution
+    with both gradients, against numpy / torch; the inner loop's reads index by the thread's
+    coordinate and constants."""
+    from meganeura.compiler import codegen_gemm
+
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "split_groups", True)
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "split_k_quads", k_quads)
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "spread_a", spread[0])
+    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "spread_b", spread[1])
+    if case == "two_buffers":
+        monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "double_buffer", True)
+    if case == "conv_grads":
+        model, vals, refs = _conv_with_gradients((4, 16, 64, 64), (256, 16, 3, 3), 1, seed=9, w_scale=0.2)
+    else:
+        model, vals, refs = _matmul_case(*CASES.get(case, ((2050, 32), (32, 2049), False, False)), seed=9)
+    pkg = Package.from_bytes(compile_model(model))
+    big = [k["wgsl"] for k in pkg.manifest["kernels"] if "8x8 outputs per thread" in k["wgsl"]]
+    assert big
+    a_read, b_read = ("[1u][ty]" if spread[0] else "[ty][1u]"), ("[1u][tx]" if spread[1] else "[tx][1u]")
+    for code in big:
+        lines = [line.strip() for line in code.splitlines()]
+        assert any(line.startswith("let a0h = a_tile[0u]") and line.endswith(f"{a_read};") for line in lines), code
+        assert any(line.startswith("let b0h = b_tile[0u]") and line.endswith(f"{b_read};") for line in lines), code
+        staged_by_k = "4 k of one row at a time" in code  # (an operand staged 4 k at a time)
+        depth = max(line.count("array<") for line in code.splitlines() if line.startswith("var<workgroup>"))
+        assert depth == 3 + (case == "two_buffers") + (k_quads and staged_by_k), code
+    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
