@@ -70,9 +70,13 @@ def main(argv=None):
     ap.add_argument("--threads", nargs="*", type=int, default=[8])
     ap.add_argument("--upload-threads", type=int, default=None, help="session.UPLOAD_THREADS (default: as set)")
     ap.add_argument("--all-kernels", action="store_true", help="every kernel's pipeline time, and sums per family")
+    ap.add_argument("--no-lift-sizes", action="store_true", help="each size variant a kernel of its own")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
+    from meganeura.compiler import lift_sizes
     from meganeura.runtime import Package, Session
+
+    lift_sizes.ENABLED = not args.no_lift_sizes
     from meganeura.runtime import session as session_module
     from meganeura.runtime.device import default_device
 
@@ -97,7 +101,8 @@ def main(argv=None):
                 t2 = time.perf_counter()
                 kernels = len(s.kernels)
                 per_kernel = sorted(acc.get("_pipeline", []))
-                row = {"workload": name, "threads": threads, "upload_threads": session_module.UPLOAD_THREADS,
+                row = {"workload": name, "lift_sizes": lift_sizes.ENABLED, "threads": threads,
+                       "upload_threads": session_module.UPLOAD_THREADS,
                        "attempt": attempt,
                        "package_mb": pkg.raw_size / 2**20, "kernels": kernels,
                        "dispatches": sum(len(p) for p in s.programs.values()),

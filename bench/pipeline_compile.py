@@ -44,9 +44,13 @@ def main(argv=None):
     ap.add_argument("--only", nargs="*", default=["ResNet-50 224 (b16"])
     ap.add_argument("--plan", nargs="*", default=[], metavar="KEY=INT",
                     help="codegen_gemm.GEMM_PLAN settings to compile with (e.g. k_unroll=1 store4=0)")
+    ap.add_argument("--no-lift-sizes", action="store_true", help="each size variant a kernel of its own")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
+    from meganeura.compiler import lift_sizes
     from meganeura.compiler.codegen_gemm import GEMM_PLAN
+
+    lift_sizes.ENABLED = not args.no_lift_sizes
 
     for setting in args.plan:
         key, value = setting.split("=")
@@ -90,7 +94,7 @@ def main(argv=None):
                 s["with_epilogue"] += 1
                 s["epilogue_checked_ms"] += r["checked_ms"]
                 s["plain_store_checked_ms"] += r["plain_store_checked_ms"]
-        summary = {"workload": name, "plan": args.plan, "kernels": len(per), "families": sums,
+        summary = {"workload": name, "plan": args.plan, "lift_sizes": lift_sizes.ENABLED, "kernels": len(per), "families": sums,
                    "checked_ms": sum(r["checked_ms"] for r in per), "unchecked_ms": sum(r["unchecked_ms"] for r in per)}
         print(json.dumps(summary), flush=True)
         rows.append({**summary, "per_kernel": per})

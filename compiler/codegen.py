@@ -5,6 +5,7 @@ and constant loop bounds let the driver's compiler unroll and fold.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -222,6 +223,10 @@ def ew_code(sched: Schedule, members, roots, bind: "_Bindings", given: dict | No
             if bind.st(key[0]) == bind.st(r) and key[1] != "flat":
                 raise RuntimeError(f"kernel writes {r} in place while reading it at other indices")
         body.append(f"    {bind.use(r, write=True)}[idx] = {nm(r)};")
+    # only the coordinates something reads: a kernel's text then holds no sizes it does not use
+    # (AdamW's updates of differently shaped parameters differ only in their length)
+    text = "\n".join(body)
+    body_coords = [line for line in body_coords if re.search(rf"\b{line.split()[1]}\b", text)]
     return body_coords, body, uses_prelude
 
 

@@ -13,7 +13,7 @@ import struct
 import msgpack
 import numpy as np
 
-from . import arenas
+from . import arenas, lift_sizes
 from . import blob as blobs  # (blobs.CHUNK read at write time: tests vary it)
 from ..runtime.package import DTYPES
 from .codegen import WG, KernelCode, generate, grid
@@ -22,7 +22,7 @@ from .schedule import Schedule, base_of
 
 MAGIC = b"MNPK\r\n\x1a\n"
 FORMAT_NAME = "meganeura-package"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4  # 4: kernels may read sizes from a uniform buffer (lift_sizes)
 ALIGN = 16
 
 
@@ -221,6 +221,7 @@ class PackageBuilder:
     def write(self, meta: dict) -> bytes:
         blob = self._early if self._early is not None and self._early.same(self.blob) else blobs.Blob(self.blob)
         persistent = sum(self.buffers[b] for b in {t["buffer"] for t in self.tensors if t["role"] != "output"})
+        kernels, programs = lift_sizes.lift(self.kernels, self.programs)  # size variants as one kernel
         manifest = {
             "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "compiler_version": self.version,
             "requires": {"features": [], "limits": {
@@ -228,8 +229,8 @@ class PackageBuilder:
                 "max_compute_workgroups_per_dimension": self.max_workgroups,
                 "max_storage_buffer_binding_size": max(self.buffers, default=0),
                 "max_buffer_size": max(self.buffers, default=0)}},
-            "buffers": self.buffers, "tensors": self.tensors, "kernels": self.kernels,
-            "programs": self.programs,
+            "buffers": self.buffers, "tensors": self.tensors, "kernels": kernels,
+            "programs": programs,
             "blob_checksum": {"algorithm": "crc32", "chunk_bytes": blobs.CHUNK, "values": b""},
             "memory": {"buffer_bytes": int(sum(self.buffers)), "persistent_bytes": int(persistent),
                        "shared_scratch": bool(self.share_scratch)},

@@ -7,6 +7,7 @@ raises PackageError naming the field.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import math
@@ -15,13 +16,15 @@ import re
 import struct
 import threading
 import zlib
+from contextlib import contextmanager
 
 import msgpack
 import numpy as np
 
 MAGIC = b"MNPK\r\n\x1a\n"
 FORMAT_NAME = "meganeura-package"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4  # 4: kernels may read sizes from a uniform buffer ("lifted")
+MAX_LIFTED = 64  # u32 sizes a kernel may read from it (compiler/lift_sizes.py)
 MAX_MANIFEST = 256 << 20
 ROLES = ("input", "param", "state", "constant", "output")
 DTYPES = {"f32": np.float32, "i32": np.int32, "f16": np.float16}  # f16: parameters only (stored weights)
@@ -318,6 +321,7 @@ def validate_manifest(m) -> None:
         for a in access:
             if a not in ACCESS:
                 _fail(f"{w}.access: {a!r:.20} is not one of {ACCESS}")
+        _int(k.get("lifted", 0), f"{w}.lifted", 0, MAX_LIFTED)
         if hashlib.sha256(k["wgsl"].encode()).hexdigest() != _key(k, "sha256", w):
             _fail(f"{w}: WGSL text does not match its sha256")
     programs = _dict(_key(m, "programs", "manifest"), "programs")
@@ -356,17 +360,19 @@ def validate_manifest(m) -> None:
                         any(lo < prev[0] + prev[1] for (prev, _), ((lo, _), _) in zip(spans, spans[1:])):
                     _fail(f"{dw}: buffer {bi} is bound for reading and writing, or written twice where ranges meet")
             _workgroups(d, dw)
+            _lifted(d, dw, kernels[k])
             for cls, v in _dict(d.get("variants", {}), f"{dw}.variants").items():
                 vw = f"{dw}.variants[{cls!r:.20}]"
                 if cls not in DEVICE_CLASSES:
                     _fail(f"{vw}: unknown device class; known: {DEVICE_CLASSES}")
                 _dict(v, vw)
-                if set(v) - {"kernel", "workgroups"}:  # a variant swaps the kernel, never what it binds
-                    _fail(f"{vw}: a variant holds only 'kernel' and 'workgroups', not {sorted(set(v))!r:.60}")
+                if set(v) - {"kernel", "workgroups", "lifted"}:  # a variant swaps the kernel, never what it binds
+                    _fail(f"{vw}: a variant holds only 'kernel', 'workgroups' and 'lifted', not {sorted(set(v))!r:.60}")
                 kv = _int(_key(v, "kernel", vw), f"{vw}.kernel", 0, len(kernels) - 1)
                 if kernels[kv]["access"] != kernels[k]["access"]:
                     _fail(f"{vw}: the variant kernel binds buffers differently")
                 _workgroups(v, vw)
+                _lifted(v, vw, kernels[kv])
     mem = _dict(_key(m, "memory", "manifest"), "memory")
     if _int(_key(mem, "buffer_bytes", "memory"), "memory.buffer_bytes") != sum(buffers):
         _fail(f"memory.buffer_bytes {mem['buffer_bytes']} is not the sum of the buffer sizes {sum(buffers)}")
@@ -410,6 +416,33 @@ def _ranges(d, where, bufs, buffers) -> list:
             _fail(f"{where}.ranges: {r!r:.40} is not a range of buffer {bi} ({buffers[bi]} bytes) at a "
                   f"multiple of {OFFSET_ALIGN} bytes")
     return ranges
+
+
+@contextmanager
+def _no_collection():
+    """The cycle collector paused: objects it would free mid-parse run their destructors in the
+    parser's stack, and at a hostile depth those fail (RecursionError, unraisable)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _lifted(d, where, kernel):
+    """A dispatch's lifted sizes: as many u32 values as its kernel reads (compiler/lift_sizes.py)."""
+    want = kernel.get("lifted", 0)
+    if not want:
+        if "lifted" in d:
+            _fail(f"{where}.lifted: its kernel reads no lifted sizes")
+        return
+    values = _list(_key(d, "lifted", where), f"{where}.lifted", MAX_LIFTED)
+    if len(values) != want:
+        _fail(f"{where}.lifted: {len(values)} values for a kernel that reads {want}")
+    for v in values:
+        _int(v, f"{where}.lifted", 0, (1 << 32) - 1)
 
 
 def _workgroups(d, where):
@@ -505,7 +538,8 @@ def _load_weights(blob: memoryview, m: dict) -> dict:
     if n > len(blob) - 8 or n > MAX_MANIFEST:
         _fail(f"damaged weights: safetensors header length {n} exceeds the blob")
     try:
-        header = json.loads(bytes(blob[8:8 + n]))
+        with _no_collection():  # a hostile header nests deep: no destructors run at that depth
+            header = json.loads(bytes(blob[8:8 + n]))
     except (ValueError, RecursionError) as exc:
         raise PackageError(f"damaged weights: unreadable safetensors header ({exc})") from None
     if not isinstance(header, dict):

@@ -15,6 +15,7 @@ import numpy as np
 from .checkpoint import safetensors_bytes, write_atomic
 from .device import default_device, fresh_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
+from .lifted_sizes import sizes_buffer, slice_bytes
 from .native import shader_module
 from .package import DTYPES, F16_MAX, Package, PackageError, workgroup_bytes
 
@@ -68,7 +69,8 @@ class Session:
         # each dispatch as this device class runs it, and its bind group's key (layout, buffers):
         # pooled scratch makes many dispatches bind alike, and those share one bind group
         chosen = {name: [(d, (tuple(m["kernels"][d["kernel"]]["access"]), tuple(d["buffers"]),
-                              tuple(None if r is None else tuple(r) for r in d.get("ranges") or [None] * len(d["buffers"]))))
+                              tuple(None if r is None else tuple(r) for r in d.get("ranges") or [None] * len(d["buffers"])),
+                              tuple(d.get("lifted") or ())))
                          for d in (_variant(d, self.device_class) for d in p["dispatches"])]
                   for name, p in m["programs"].items()}
         used = {d["kernel"] for steps in chosen.values() for d, _ in steps}
@@ -84,6 +86,7 @@ class Session:
         groups = None
         try:
             self.buffers = self._allocate(m["buffers"])
+            self._sizes = sizes_buffer(self.device, {key[3] for steps in chosen.values() for _, key in steps})
             binds = {}  # bind group key -> the first dispatch using it
             for name, steps in chosen.items():
                 for j, (_, key) in enumerate(steps):
@@ -229,6 +232,7 @@ class Session:
         frees each one once no submitted (or still recorded) command buffer uses it."""
         self.closed = True
         self.buffers, self.programs, self.kernels, self._staging, self._layouts = [], {}, {}, {}, {}
+        self._sizes = (None, {})
 
     def __enter__(self):
         return self
@@ -236,23 +240,29 @@ class Session:
     def __exit__(self, *exc):
         self.close()
 
-    def _bind_group(self, program, j, access, buffers, ranges):
+    def _bind_group(self, program, j, access, buffers, ranges, lifted):
         entries = [{"binding": b, "resource": {"buffer": self.buffers[bi], "offset": r[0] if r else 0,
                                                "size": r[1] if r else self.buffers[bi].size}}
                    for b, (bi, r) in enumerate(zip(buffers, ranges))]
+        if lifted:  # the kernel's sizes, after its storage buffers (compiler/lift_sizes.py)
+            entries.append({"binding": len(buffers), "resource": {
+                "buffer": self._sizes[0], "offset": self._sizes[1][lifted], "size": slice_bytes(len(lifted))}})
         try:
-            return self.device.create_bind_group(layout=self._layouts[access][0], entries=entries)
+            return self.device.create_bind_group(layout=self._layouts[access, bool(lifted)][0], entries=entries)
         except self._wgpu.GPUValidationError as exc:
             self._raise_if_lost(exc, "loading the package")
             raise PackageError(f"program {program} dispatch {j}: {exc}") from None
 
     def _layout(self, k):
         wgpu = self._wgpu
-        key = tuple(k["access"])
+        key = tuple(k["access"]), bool(k.get("lifted"))
         if key not in self._layouts:
             entries = [{"binding": b, "visibility": wgpu.ShaderStage.COMPUTE,
                         "buffer": {"type": "storage" if a == "read_write" else "read-only-storage"}}
                        for b, a in enumerate(k["access"])]
+            if key[1]:
+                entries.append({"binding": len(entries), "visibility": wgpu.ShaderStage.COMPUTE,
+                                "buffer": {"type": "uniform"}})
             bgl = self.device.create_bind_group_layout(entries=entries)
             self._layouts[key] = (bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]))
         return self._layouts[key]
@@ -562,7 +572,7 @@ def _record_raw(raw, handle, steps):
 def _variant(d: dict, device_class: str) -> dict:
     """A dispatch as `device_class` runs it: its variant's kernel and workgroups, if any."""
     v = d.get("variants", {}).get(device_class)
-    return d if v is None else {**d, "kernel": v["kernel"], "workgroups": v["workgroups"]}
+    return d if v is None else {**d, "kernel": v["kernel"], "workgroups": v["workgroups"], "lifted": v.get("lifted")}
 
 
 def _rows(inputs):

@@ -4,6 +4,7 @@
 // memory ({{SHARED}}: CPU rasterisers read them straight from memory instead).
 // q [B, H, S, D], k and v [B, HK, T, D] (grouped-query: query head h reads kv head h / REP),
 // out [B, H, S, D]; D = 4 * DV4.
+// Sizes stay written in (compiler/lift_sizes.py): the inner loops divide by them.
 {{BINDINGS}}
 
 const S: u32 = {{S}}u;

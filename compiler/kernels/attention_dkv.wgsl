@@ -6,6 +6,7 @@
 // NT threads as TY x TX (16 x 16, or 8 wide for small blocks): in the tile, a thread owns
 // query rows ty * RT + r and key columns tx + TX c; for dK and dV, key rows ty * RJ + r and
 // vec4 columns tx + TX n.
+// Sizes stay written in (compiler/lift_sizes.py): the inner loops divide by them.
 {{BINDINGS}}
 
 const S: u32 = {{S}}u;

@@ -7,6 +7,7 @@
 // ty * RT + r (both phases) and key columns tx + TX c of the tile (interleaved, so that
 // neighbouring threads read neighbouring tile rows, which the padded row stride STR puts in
 // different banks).
+// Sizes stay written in (compiler/lift_sizes.py): the inner loops divide by them.
 {{BINDINGS}}
 
 const S: u32 = {{S}}u;

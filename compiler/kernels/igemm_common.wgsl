@@ -4,6 +4,7 @@
 // here, so any M, N, K works; a dimension the tiles (or K steps) divide goes unguarded, as
 // the generator knows (guarded loads cost 6% of a 4096^3 GEMM on the H200). Each variant adds
 // its workgroup memory and main loop.
+// Sizes stay written in (compiler/lift_sizes.py): the inner loops divide by them.
 {{BINDINGS}}
 
 const M: u32 = {{M}}u;

@@ -359,7 +359,10 @@ def _run_loaded(device, pkg, rng):
             pass  # a NaN loss from mutated weights is reported, not a crash
     staging = sum(-(-max(4, int(np.prod(m["tensors"][ti]["shape"])) * 4) // 8) * 8
                   for p in m["programs"].values() for ti in p["outputs"].values())
-    assert counting.bytes <= m["memory"]["buffer_bytes"] + staging
+    # and the uniform buffer of lifted sizes: a 256-byte slice per distinct set (MAX_LIFTED u32s)
+    lifted = {tuple(e["lifted"]) for p in m["programs"].values() for d in p["dispatches"]
+              for e in (d, *d.get("variants", {}).values()) if e.get("lifted")}
+    assert counting.bytes <= m["memory"]["buffer_bytes"] + staging + 256 * len(lifted)
     return "ran"
 
 
