@@ -16,6 +16,7 @@ from .checkpoint import safetensors_bytes, write_atomic
 from .device import default_device, fresh_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
 from .lifted_sizes import sizes_buffer, slice_bytes
+from . import native
 from .native import shader_module
 from .package import DTYPES, F16_MAX, Package, PackageError, workgroup_bytes
 
@@ -298,10 +299,10 @@ class Session:
         steps = self._steps(program)[start:stop]
         with self._gpu(f"recording {program}"):
             cpass = encoder.begin_compute_pass(**(pass_kwargs or {}))
-            raw = _raw()
+            raw = native.raw()
             handle = getattr(cpass, "_internal", None) if raw else None
             if handle is not None:
-                _record_raw(raw, handle, steps)
+                native.record_raw(raw, handle, steps)
             else:
                 set_pipeline, set_group = cpass.set_pipeline, cpass.set_bind_group
                 dispatch, last = cpass.dispatch_workgroups, None
@@ -530,43 +531,6 @@ def _in_background(calls: dict, threads: int | None = None):
         pool.shutdown(wait=True)
         return out
     return finish
-
-
-def _raw_calls():
-    """wgpu-native's own C entry points for the three per-dispatch calls, or None. Through
-    wgpu-py each call costs ~2.8 us of CPU on the H200 host (argument checks, an ffi array
-    per set_bind_group, error capture around every call); the C calls cost a fraction of
-    that. Skipping the capture loses nothing: wgpu-core stores errors made while encoding
-    a pass and reports them at its end(), which still goes through wgpu-py."""
-    try:
-        from wgpu.backends.wgpu_native._ffi import ffi, lib
-
-        return (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
-                lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
-    except (ImportError, AttributeError):  # another wgpu-py layout: the public calls still work
-        return None
-
-
-_UNSET = object()
-_RAW_CALLS = _UNSET  # looked up at the first record(): importing the runtime loads no wgpu
-
-
-def _raw():
-    global _RAW_CALLS
-    if _RAW_CALLS is _UNSET:
-        _RAW_CALLS = _raw_calls()
-    return _RAW_CALLS
-
-
-def _record_raw(raw, handle, steps):
-    set_pipeline, set_group, dispatch, null = raw
-    last = None
-    for _, _, (x, y, z), pipeline, group in steps:
-        if pipeline != last:
-            set_pipeline(handle, pipeline)
-            last = pipeline
-        set_group(handle, 0, group, 0, null)
-        dispatch(handle, x, y, z)
 
 
 def _variant(d: dict, device_class: str) -> dict:

@@ -150,15 +150,15 @@ def test_raw_encoding_matches_the_public_calls_and_still_reports_errors(device, 
     and an invalid dispatch still raises from the pass's end()."""
     import wgpu
 
-    from meganeura.runtime import session as session_module
+    from meganeura.runtime import native
 
-    assert session_module._raw() is not None  # wgpu-py 0.32's layout: the fast path is live
+    assert native.raw() is not None  # wgpu-py 0.32's layout: the fast path is live
     rng = np.random.default_rng(3)
     batch = {"x": rng.standard_normal((16, 12)).astype(np.float32),
              "labels": rng.integers(0, 7, 16).astype(np.int32)}
     weights = []
-    for raw in (session_module._RAW_CALLS, None):
-        monkeypatch.setattr(session_module, "_RAW_CALLS", raw)
+    for raw in (native._RAW_CALLS, None):
+        monkeypatch.setattr(native, "_RAW_CALLS", raw)
         s = Session(device, package)
         for _ in range(2):
             s.run("train_step", batch)
@@ -166,7 +166,7 @@ def test_raw_encoding_matches_the_public_calls_and_still_reports_errors(device, 
     for name, value in weights[0].items():
         np.testing.assert_array_equal(value, weights[1][name], err_msg=name)
 
-    monkeypatch.setattr(session_module, "_RAW_CALLS", session_module._raw_calls())
+    monkeypatch.setattr(native, "_RAW_CALLS", native.raw_calls())
     s = Session(device, package)
     pipeline, group, _, p, g = s.programs["infer"][0]
     s.programs["infer"][0] = (pipeline, group, (1 << 24, 1, 1), p, g)  # past every device's limit
