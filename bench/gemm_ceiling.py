@@ -276,12 +276,16 @@ def bisect(run: Runner, size: int, rows: list, torch_ok: bool = False):
                 _timed(run, "compiled", f"as compiled, {how}", code, size, (128, 128), operands, rows, **kw)
 
 
-CHECK_PLANS = {"1 K step per trip": {"k_unroll": 1, "k_unroll_long": 1}, "2 K steps per trip": {"k_unroll_long": 2},
-               "4 K steps per trip": {"k_unroll_long": 4},
-               "two buffers, 2 K steps per trip": {"k_unroll_long": 2, "double_buffer": True},
-               "two buffers, 4 K steps per trip": {"k_unroll_long": 4, "double_buffer": True},
-               "rows split [half][thread], 2 K steps per trip": {"k_unroll_long": 2, "split_groups": True},
-               "rows split [half][thread], 4 K steps per trip": {"k_unroll_long": 4, "split_groups": True},
+_ROWS = {"split_groups": False, "split_k_quads": False}  # 128-tile rows as [group] (before session 11)
+CHECK_PLANS = {"1 K step per trip": {"k_unroll": 1, "k_unroll_long": 1, **_ROWS},
+               "2 K steps per trip": {"k_unroll_long": 2, **_ROWS},
+               "4 K steps per trip": {"k_unroll_long": 4, **_ROWS},
+               "two buffers, 2 K steps per trip": {"k_unroll_long": 2, "double_buffer": True, **_ROWS},
+               "two buffers, 4 K steps per trip": {"k_unroll_long": 4, "double_buffer": True, **_ROWS},
+               "rows split [half][thread], 2 K steps per trip": {"k_unroll_long": 2, "split_groups": True,
+                                                                 "split_k_quads": False},
+               "rows split [half][thread], 4 K steps per trip": {"k_unroll_long": 4, "split_groups": True,
+                                                                 "split_k_quads": False},
                "rows split, k by quads, 2 K steps per trip": {"k_unroll_long": 2, "split_groups": True,
                                                               "split_k_quads": True},
                "rows split, k by quads, 4 K steps per trip": {"k_unroll_long": 4, "split_groups": True,

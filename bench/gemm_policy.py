@@ -30,10 +30,11 @@ _F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_f
       "big_split": 0, "regs64": False, "straight_staging": False, "conv_vec4_weights": False, "double_buffer": False,
       "warp_rows": 2, "warp_rows_small": 2, "k_rows_fastest": False,
       "tiles_2d": True, "k_unroll": 2, "k_unroll_small": 2, "store4": True,
-      "k_unroll_long": 4, "long_k": 512}
+      "k_unroll_long": 4, "long_k": 512, "split_groups": False, "split_k_quads": False}
 # (each plan sets every key: plans run one after another; flat tiles before session 9, one K
-# step per loop trip and no store4 before session 10. A result file names its plans as they
-# were then: session 10's 4-step and two-buffer plans ran with 2 steps as the default)
+# step per loop trip and no store4 before session 10, 128-tile rows as [group] before session
+# 11. A result file names its plans as they were then: session 10's 4-step and two-buffer plans
+# ran with 2 steps as the default)
 _BIG = {"big_bk": 8,  # (16 before session 8: older result files measured these plans with 16)
         "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
 _DEFAULT = {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128, "straight_staging": True}
@@ -66,7 +67,8 @@ GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles 
     "... results stored one at a time (no store4)": {**_DEFAULT, "store4": False},
     "... 128-tiles on two buffers, alternating by the steps of a loop trip": {**_DEFAULT, "double_buffer": True},
     "... 128-tiles' rows split [half][thread]": {**_DEFAULT, "split_groups": True},
-    "... rows split, k by quads": {**_DEFAULT, "split_groups": True, "split_k_quads": True},
+    "... rows split, k by quads (the default since session 11)": {**_DEFAULT, "split_groups": True,
+                                                                   "split_k_quads": True},
 }
 ITERS = 100
 # attention backward (dQ, dK, dV of one attention): Whisper-tiny, DINOv2, SD-1.5's first level (self, cross)

@@ -27,23 +27,49 @@ FIXED = "// Sizes stay written in (compiler/lift_sizes.py)"  # a template's mark
 NAME = "mn_sizes"
 
 _LITERAL = re.compile(r"(?<![\w.])(\d+)u\b")
-_COMMENT = re.compile(r"//[^\n]*")
-_CONST_STMT = re.compile(r"\b(?:const|override)\b[^;]*;")
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_CONST_STMT = re.compile(r"\b(?:const|const_assert|override)\b[^;]*;")
 _ATTRIBUTE = re.compile(r"@\w+\s*\([^)]*\)")
-_DIVISOR = re.compile(r"[/%]\s*$")  # (searched up to a literal: it divides)
+_DIVIDES = re.compile(r"[/%]=?\s*")  # an operator whose right operand must stay a constant
 _CASE = re.compile(r"\bcase\b[^:{]*[:{]")
-_PRIVATE_ARRAY = re.compile(r"\bvar(?:<private>|<function>)?\s+\w+\s*(?::\s*array\b|=\s*array\b)")
+# arrays held in registers or in structs: a runtime index into one is a 60x trap on NVIDIA
+_PRIVATE_ARRAY = re.compile(r"\b(?:var|let)\b(?:<(?:private|function)>)?\s+\w+\s*(?::[^=;]*\barray\b|=\s*array\b)"
+                            r"|\bstruct\s+\w+\s*\{[^}]*\barray\b")
+
+
+def _closing(code: str, i: int, opening: str, closing: str) -> int:
+    """The index just past the bracket closing the one before `i` (parentheses inside skipped)."""
+    depth, parens = 1, 0
+    while i < len(code) and depth:
+        c = code[i]
+        if c == "(" and opening != "(":
+            parens += 1
+        elif c == ")" and opening != "(" and parens:
+            parens -= 1
+        elif not parens:
+            depth += (c == opening) - (c == closing)
+        i += 1
+    return i
 
 
 def _fixed(code: str) -> list:
-    """Spans of `code` (comments stripped) where a literal must stay a constant."""
+    """Spans of `code` (comments stripped) where a literal must stay a constant: const
+    statements, attributes, case labels, array<...> templates (a shift's '>>' inside parentheses
+    skipped), and the right operand of every division or remainder (by a constant, a multiply and
+    a shift; by a uniform, a long sequence)."""
     spans = [m.span() for rx in (_CONST_STMT, _ATTRIBUTE, _CASE) for m in rx.finditer(code)]
-    for m in re.finditer(r"\barray\s*<", code):  # a template's closing '>' (nested ones counted)
-        depth, i = 1, m.end()
-        while i < len(code) and depth:
-            depth += {"<": 1, ">": -1}.get(code[i], 0)
-            i += 1
-        spans.append((m.start(), i))
+    for m in re.finditer(r"\barray\s*<", code):
+        spans.append((m.start(), _closing(code, m.end(), "<", ">")))
+    for m in _DIVIDES.finditer(code):
+        i = m.end()
+        if code.startswith("(", i):
+            spans.append((i, _closing(code, i + 1, "(", ")")))
+        else:  # a name or literal, maybe indexed or called: up to the next operator or delimiter
+            word = re.match(r"[\w.]+(?:\s*[\[(])?", code[i:])
+            end = i + (word.end() if word else 0)
+            if word and code[end - 1] in "[(":
+                end = _closing(code, end, code[end - 1], "]" if code[end - 1] == "[" else ")")
+            spans.append((i, end))
     return spans
 
 
@@ -56,8 +82,10 @@ def skeleton(code: str):
     if _PRIVATE_ARRAY.search(text):
         return None
     fixed = _fixed(text)
-    found = [(m.start(), m.end(), int(m.group(1))) for m in _LITERAL.finditer(text)
-             if not any(lo <= m.start() < hi for lo, hi in fixed) and not _DIVISOR.search(text, 0, m.start())]
+    blocked = bytearray(len(text))
+    for lo, hi in fixed:
+        blocked[lo:hi] = b"\x01" * (hi - lo)
+    found = [(m.start(), m.end(), int(m.group(1))) for m in _LITERAL.finditer(text) if not blocked[m.start()]]
     if not found:
         return None
     parts, at = [], 0

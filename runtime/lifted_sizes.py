@@ -10,22 +10,37 @@ def slice_bytes(count: int) -> int:
     return 16 * -(-count // 4)
 
 
+def manifest_values(m: dict) -> set:
+    """Every distinct tuple of lifted values the manifest's dispatches (and variants) carry."""
+    return {tuple(e["lifted"]) for p in m["programs"].values() for d in p["dispatches"]
+            for e in (d, *d.get("variants", {}).values()) if e.get("lifted")}
+
+
+def layout(values: set, align: int) -> tuple:
+    """(bytes of the buffer, {values tuple: byte offset}): one slice per tuple, at `align`."""
+    values = sorted(v for v in values if v)
+    if not values:
+        return 0, {}
+    step = max(-(-slice_bytes(max(map(len, values))) // align) * align, align)
+    return step * len(values), {v: i * step for i, v in enumerate(values)}
+
+
 def sizes_buffer(device, values: set):
     """(uniform buffer, {values tuple: byte offset}) holding every dispatch's lifted values at
     the device's uniform offset alignment; (None, {}) when no dispatch has any."""
-    values = sorted(v for v in values if v)
-    if not values:
+    nbytes, offsets = layout(values, alignment(device))
+    if not nbytes:
         return None, {}
     import wgpu
 
-    align = device.limits.get("min-uniform-buffer-offset-alignment", 256)
-    step = max(-(-slice_bytes(max(map(len, values))) // align) * align, align)
-    data = np.zeros(len(values) * step // 4, np.uint32)
-    offsets = {}
-    for i, v in enumerate(values):
-        data[i * step // 4:i * step // 4 + len(v)] = v
-        offsets[v] = i * step
-    buf = device.create_buffer(size=data.nbytes, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST,
+    data = np.zeros(nbytes // 4, np.uint32)
+    for v, at in offsets.items():
+        data[at // 4:at // 4 + len(v)] = v
+    buf = device.create_buffer(size=nbytes, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST,
                                label="mn_sizes")
     device.queue.write_buffer(buf, 0, data)
     return buf, offsets
+
+
+def alignment(device) -> int:
+    return device.limits.get("min-uniform-buffer-offset-alignment", 256)

@@ -24,6 +24,7 @@ import numpy as np
 MAGIC = b"MNPK\r\n\x1a\n"
 FORMAT_NAME = "meganeura-package"
 FORMAT_VERSION = 4  # 4: kernels may read sizes from a uniform buffer ("lifted")
+READABLE_VERSIONS = (3, 4)  # 3: the same without lifted sizes
 MAX_LIFTED = 64  # u32 sizes a kernel may read from it (compiler/lift_sizes.py)
 MAX_MANIFEST = 256 << 20
 ROLES = ("input", "param", "state", "constant", "output")
@@ -172,8 +173,8 @@ class Package:
         if data[:8] != MAGIC:
             _fail("not a meganeura package: wrong magic bytes")
         version, man_len = struct.unpack_from("<IQ", data, 8)
-        if version != FORMAT_VERSION:
-            _fail(f"package format version {version}; this runtime reads version {FORMAT_VERSION}: "
+        if version not in READABLE_VERSIONS:
+            _fail(f"package format version {version}; this runtime reads versions {READABLE_VERSIONS}: "
                   "recompile the model with a matching meganeura")
         if man_len > MAX_MANIFEST or 20 + man_len + 8 + 32 > len(data):
             _fail(f"truncated or damaged package: manifest length {man_len} exceeds the file")
@@ -255,8 +256,9 @@ def validate_manifest(m) -> None:
     _dict(m, "manifest")
     if _key(m, "format", "manifest") != FORMAT_NAME:
         _fail(f"not a meganeura package: format is {m['format']!r:.40}")
-    if _key(m, "format_version", "manifest") != FORMAT_VERSION:
-        _fail(f"manifest format_version {m['format_version']!r:.20} != {FORMAT_VERSION}")
+    version = _key(m, "format_version", "manifest")
+    if isinstance(version, bool) or not isinstance(version, int) or version not in READABLE_VERSIONS:
+        _fail(f"manifest format_version {m['format_version']!r:.20} is not one of {READABLE_VERSIONS}")
     _str(_key(m, "compiler_version", "manifest"), "compiler_version", 64)
     ck = _dict(_key(m, "blob_checksum", "manifest"), "blob_checksum")
     if _key(ck, "algorithm", "blob_checksum") != "crc32":
@@ -321,7 +323,8 @@ def validate_manifest(m) -> None:
         for a in access:
             if a not in ACCESS:
                 _fail(f"{w}.access: {a!r:.20} is not one of {ACCESS}")
-        _int(k.get("lifted", 0), f"{w}.lifted", 0, MAX_LIFTED)
+        if _int(k.get("lifted", 0), f"{w}.lifted", 0, MAX_LIFTED) and version < 4:
+            _fail(f"{w}.lifted: format version {version} has no lifted sizes")
         if hashlib.sha256(k["wgsl"].encode()).hexdigest() != _key(k, "sha256", w):
             _fail(f"{w}: WGSL text does not match its sha256")
     programs = _dict(_key(m, "programs", "manifest"), "programs")

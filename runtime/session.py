@@ -15,7 +15,7 @@ import numpy as np
 from .checkpoint import safetensors_bytes, write_atomic
 from .device import default_device, fresh_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
-from .lifted_sizes import sizes_buffer, slice_bytes
+from .lifted_sizes import alignment, layout, manifest_values, sizes_buffer, slice_bytes
 from . import native
 from .native import shader_module
 from .package import DTYPES, F16_MAX, Package, PackageError, workgroup_bytes
@@ -88,6 +88,7 @@ class Session:
         try:
             self.buffers = self._allocate(m["buffers"])
             self._sizes = sizes_buffer(self.device, {key[3] for steps in chosen.values() for _, key in steps})
+            self.allocated_bytes += self._sizes[0].size if self._sizes[0] is not None else 0
             binds = {}  # bind group key -> the first dispatch using it
             for name, steps in chosen.items():
                 for j, (_, key) in enumerate(steps):
@@ -136,7 +137,11 @@ class Session:
             if size > biggest:
                 raise PackageError(f"buffer {i} needs {size} bytes; this device's largest storage buffer "
                                    f"is {biggest} bytes")
-        total = sum(m["buffers"])
+        sizes_bytes = layout(manifest_values(m), alignment(self.device))[0]  # lifted sizes' uniform buffer
+        if sizes_bytes > limits.get("max-buffer-size", 1 << 62):
+            raise PackageError(f"the package's lifted sizes need a {sizes_bytes}-byte buffer; this device's "
+                               f"largest is {limits.get('max-buffer-size')} bytes")
+        total = sum(m["buffers"]) + sizes_bytes
         if self.memory_limit is not None and total > self.memory_limit:
             raise GPUOutOfMemoryError(f"the package needs {total / 2**20:.1f} MiB of GPU memory; "
                                       f"memory_limit allows {self.memory_limit / 2**20:.1f} MiB")
@@ -249,21 +254,21 @@ class Session:
             entries.append({"binding": len(buffers), "resource": {
                 "buffer": self._sizes[0], "offset": self._sizes[1][lifted], "size": slice_bytes(len(lifted))}})
         try:
-            return self.device.create_bind_group(layout=self._layouts[access, bool(lifted)][0], entries=entries)
+            return self.device.create_bind_group(layout=self._layouts[access, len(lifted)][0], entries=entries)
         except self._wgpu.GPUValidationError as exc:
             self._raise_if_lost(exc, "loading the package")
             raise PackageError(f"program {program} dispatch {j}: {exc}") from None
 
     def _layout(self, k):
         wgpu = self._wgpu
-        key = tuple(k["access"]), bool(k.get("lifted"))
+        key = tuple(k["access"]), k.get("lifted", 0)
         if key not in self._layouts:
             entries = [{"binding": b, "visibility": wgpu.ShaderStage.COMPUTE,
                         "buffer": {"type": "storage" if a == "read_write" else "read-only-storage"}}
                        for b, a in enumerate(k["access"])]
-            if key[1]:
+            if key[1]:  # (its size: a kernel declaring more than its count is refused when its pipeline is made)
                 entries.append({"binding": len(entries), "visibility": wgpu.ShaderStage.COMPUTE,
-                                "buffer": {"type": "uniform"}})
+                                "buffer": {"type": "uniform", "min_binding_size": slice_bytes(key[1])}})
             bgl = self.device.create_bind_group_layout(entries=entries)
             self._layouts[key] = (bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]))
         return self._layouts[key]

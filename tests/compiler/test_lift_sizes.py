@@ -136,3 +136,73 @@ def test_the_runtime_refuses_sizes_that_do_not_fit_the_kernel(device):
     plain["lifted"] = [1]
     with pytest.raises(PackageError, match="reads no lifted sizes"):
         validate_manifest(m)
+
+
+def test_format_3_packages_still_load_and_may_not_lift(device, monkeypatch):
+    """A package written before lifted sizes (format 3) loads and runs; one that says format 3
+    but carries lifted sizes is refused."""
+    from meganeura.compiler import package_writer
+    from meganeura.runtime.package import validate_manifest
+
+    model, inputs = _cnn()
+    current = package_writer.FORMAT_VERSION
+    monkeypatch.setattr(package_writer, "FORMAT_VERSION", 3)
+    monkeypatch.setattr(lift_sizes, "ENABLED", False)
+    old = Package.from_bytes(compile_model(model))
+    assert old.manifest["format_version"] == 3
+    y = Session(device, old, device_class="gpu").run("infer", {"x": inputs["x"]})["y"]
+    monkeypatch.setattr(lift_sizes, "ENABLED", True)
+    monkeypatch.setattr(package_writer, "FORMAT_VERSION", current)
+    new = Package.from_bytes(compile_model(model))
+    np.testing.assert_array_equal(Session(device, new, device_class="gpu").run("infer", {"x": inputs["x"]})["y"], y)
+    m = new.manifest
+    assert any(k.get("lifted") for k in m["kernels"])
+    m["format_version"] = 3
+    with pytest.raises(PackageError, match="format version 3 has no lifted sizes"):
+        validate_manifest(m)
+
+
+def test_a_kernel_reading_more_sizes_than_it_declares_is_refused_at_load(device):
+    """A damaged package whose kernel declares a bigger mn_sizes than its "lifted" count: the
+    binding layout's minimum size refuses the pipeline (a PackageError), not a run."""
+    import hashlib
+
+    model, _ = _cnn()
+    m = Package.from_bytes(compile_model(model)).manifest
+    k = next(k for k in m["kernels"] if k.get("lifted"))
+    k["wgsl"] = k["wgsl"].replace("var<uniform> mn_sizes: array<vec4<u32>, ", "var<uniform> mn_sizes: array<vec4<u32>, 16 + ")
+    k["sha256"] = hashlib.sha256(k["wgsl"].encode()).hexdigest()
+    from meganeura.runtime.package import validate_manifest
+
+    validate_manifest(m)  # (the manifest's fields still agree)
+    pkg = Package.from_bytes(compile_model(model))
+    pkg.manifest = m
+    with pytest.raises(PackageError, match="rejected by the WGSL compiler"):
+        Session(device, pkg, device_class="gpu")
+
+
+@pytest.mark.parametrize("code, kept", [
+    ("let s = t / (3u * 1u); let i = t % (7u * 1u); let z = x * 5u;", ["3u", "1u", "7u"]),
+    ("var x = 2u; x /= 5u; x %= 7u; let y = t % (7u); let w = a[q / 9u] + 4u;", ["5u", "7u", "9u"]),
+    ("let q = x / sizes[2u] + 4u; let r = y % f(3u, 5u) * 6u;", ["2u", "3u", "5u"]),
+])
+def test_divisors_stay_constants_however_written(code, kept):
+    """The whole right operand of /, %, /= and %= stays written in (parenthesised, indexed,
+    called); the other literals are liftable."""
+    _, found, blanked = lift_sizes.skeleton("fn main() { " + code + " }")
+    assert all(k in blanked for k in kept), blanked
+    assert len(found) == blanked.count("#") >= 1
+
+
+@pytest.mark.parametrize("code", ["const_assert 8u > 4u;\nfn main() { let q = 3u; }",
+                                  "var<workgroup> p: array<f32, (64u >> 1u)>;\nfn main() { let q = 3u; }",
+                                  "/* 5u */ fn main() { let q = 3u; }"])
+def test_constant_places_and_block_comments(code):
+    _, found, blanked = lift_sizes.skeleton(code)
+    assert [v for _, _, v in found] == [3] and "#" in blanked and "5u" not in blanked
+
+
+@pytest.mark.parametrize("code", ["fn main() { let a = array<u32, 4>(1u, 2u, 3u, 4u); let q = 3u; }",
+                                  "struct S { a: array<f32, 4> }\nfn main() { let q = 3u; }"])
+def test_value_and_struct_arrays_leave_the_kernel_alone(code):
+    assert lift_sizes.skeleton(code) is None
