@@ -111,15 +111,9 @@ class Runner:
         return buf
 
     def pipeline(self, code, buffers, checked=False):
-        """`checked`: True / False for all of wgpu's shader checks or none, or an int of
-        native.BOUNDS_CHECKS / LOOP_BOUNDING for some of them."""
-        from meganeura.runtime.native import unchecked_module
-
+        """`checked`: as native.shader_module takes it (all checks, none, or some)."""
         t0 = time.perf_counter()
-        if isinstance(checked, bool):
-            module = self.module(self.dev, code, "x", checked)
-        else:
-            module = unchecked_module(self.dev, code, "x", checked)
+        module = self.module(self.dev, code, "x", checked)
         p = self.dev.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
         made = time.perf_counter() - t0
         group = self.dev.create_bind_group(layout=p.get_bind_group_layout(0), entries=[

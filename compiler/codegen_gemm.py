@@ -12,10 +12,10 @@ from .codegen import (
     WG,
     KernelCode,
     _Bindings,
-    as_vec4,
     _chain,
     _strides,
     _temp_ids,
+    as_vec4,
     ew_code,
     grid,
     per_output,
@@ -62,10 +62,12 @@ def _halves128(op: str, spread: bool, tg: int = 16) -> tuple:
     return (f"{t}", f"{tg}u + {t}") if spread else (f"{t} * 2u", f"{t} * 2u + 1u")
 
 
-def _split_group(op: str, group: str, tg: int) -> str:
-    """A 128-tile row's group index as the two indices of a [2][TG] (spread) or [TG][2] row
-    (GEMM_PLAN["split_groups"]): each inner-loop read then indexes by the thread's own
-    coordinate and a constant, one clamp for wgpu's checks instead of one per half."""
+def _group_index(op: str, group: str, tg: int) -> str:
+    """A 2D 128-tile row's index for `group`: [group], or the two indices of a [2][TG] (spread)
+    or [TG][2] row (GEMM_PLAN["split_groups"]: each inner-loop read then indexes by the thread's
+    own coordinate and a constant, one clamp for wgpu's checks instead of one per half)."""
+    if not _groups_split():
+        return f"[{group}]"
     wrap = "2u" if not GEMM_PLAN[f"spread_{op}"] else f"{tg}u"
     return f"[({group}) / {wrap}][({group}) % {wrap}]"
 
@@ -128,12 +130,12 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16, steps: int
                     index.append(f"    let {op}q{j} = {e} % {quads}u;\n    let {op}r{j} = {e} / {quads}u;")
                 at = (f"row0 + ar{j}, KB + aq{j} * 4u" if op == "a" else f"KB + bq{j} * 4u, col0 + br{j}")
                 load.append(f"p{op}{j} = load_{op}4(g, {at});")
-                entry = (lambda c, op=op, j=j: f"{op}_tile[BUF{op}q{j}][{c}u]{_split_group(op, f'{op}r{j} / 4u', tg)}"
-                         if op in k_quads else
-                         f"{op}_tile[BUF{op}q{j} * 4u + {c}u]{_split_group(op, f'{op}r{j} / 4u', tg)}"
-                         if _groups_split() else
-                         f"{op}_tile[BUF{op}q{j} * 4u + {c}u][{op}r{j} / 4u]" if GEMM_PLAN["tiles_2d"]
-                         else f"{op}_tile[BUF({op}q{j} * 4u + {c}u) * {w}u + {op}r{j} / 4u]")
+
+                def entry(c, op=op, j=j):  # k = q * 4 + c of row r
+                    if not GEMM_PLAN["tiles_2d"]:
+                        return f"{op}_tile[BUF({op}q{j} * 4u + {c}u) * {w}u + {op}r{j} / 4u]"
+                    k = f"{op}q{j}][{c}u" if op in k_quads else f"{op}q{j} * 4u + {c}u"
+                    return f"{op}_tile[BUF{k}]{_group_index(op, f'{op}r{j} / 4u', tg)}"
                 store.append("\n".join(f"        {entry(c)}[{op}r{j} % 4u] = "
                                        f"p{op}{j}.{comp};" for c, comp in enumerate("xyzw")))
             continue
@@ -151,8 +153,7 @@ def _stage128(bk: int, k_contiguous, vec4=(None, None), tg: int = 16, steps: int
             else:
                 els = ", ".join(f"load_b(g, KB + bk{j}, col0 + bg{j} * 4u + {i}u)" for i in range(4))
                 load.append(f"p{op}{j} = vec4<f32>({els});")
-            store.append(f"        {op}_tile[BUF{op}k{j}]{_split_group(op, f'{op}g{j}', tg)} = p{op}{j};" if _groups_split() else
-                         f"        {op}_tile[BUF{op}k{j}][{op}g{j}] = p{op}{j};" if GEMM_PLAN["tiles_2d"] else
+            store.append(f"        {op}_tile[BUF{op}k{j}]{_group_index(op, f'{op}g{j}', tg)} = p{op}{j};" if GEMM_PLAN["tiles_2d"] else
                          f"        {op}_tile[BUF{op}k{j} * {w}u + {op}g{j}] = p{op}{j};")
     decl = "\n".join(f"    var {line.replace('KB', 'k0')}" for line in load)
     if GEMM_PLAN["prefetch"]:

@@ -1,16 +1,17 @@
 """One kernel for a family of kernels that differ only in the sizes written into them.
 
-A package's kernels often differ only in their u32 literals: ResNet-50's training step has 31
-AdamW updates (one per parameter size), 43 reductions, 16 split-K sums, and the driver compiles
-each text apart (NVIDIA: ~10 ms each, 3 ms even from its cache) on a game's first launch.
+A package's kernels often differ only in their u32 literals (ResNet-50's training step: 34 AdamW
+update kernels, one per parameter-group size; reductions, split-K sums, elementwise chains), and
+the driver compiles each text apart (NVIDIA: ~10 ms each, 3 ms even from its cache) on a game's
+first launch.
 `lift` groups the kernels whose texts match once their liftable literals are blanked, writes one
 kernel per family in which the literals that differ between its members are read from a uniform
 buffer (`mn_sizes`, bound after the storage buffers), and gives each dispatch its values
 ("lifted" in the manifest; the runtime packs them into one uniform buffer).
 
-A literal stays written in where WGSL needs a constant (`const` and `override` declarations,
-attributes, `array<...>` sizes, `case` labels); a family whose members differ there is not one
-family. Kernels with private or function-scope arrays are left alone (a runtime index into one is
+A literal stays written in where WGSL needs a constant (`const`, `const_assert` and `override`
+statements, attributes, `array<...>` sizes, `case` labels) and in a divisor (see _fixed); a
+family whose members differ there is not one family. Kernels with private or function-scope arrays are left alone (a runtime index into one is
 a 60x trap on NVIDIA), and so are the templates marked FIXED: the tiled GEMMs and attention,
 whose inner loops divide by their sizes (by a constant, a multiply and a shift; by a uniform, a
 long division). Literals with other suffixes or none stay.
@@ -145,20 +146,14 @@ def lift(kernels: list, programs: dict) -> tuple:
             remap[i] = (len(new_kernels) - 1, [f[c][2] for c in columns])
     if not remap:
         return kernels, programs
+    # the members go (every kernel is some dispatch's: the writer adds them so), the families stay
+    kept = [i for i in range(len(new_kernels)) if i not in remap]
+    index = {old: new for new, old in enumerate(kept)}
 
     def moved(entry):
-        hit = remap.get(entry["kernel"])
-        return entry if hit is None else {**entry, "kernel": hit[0], "lifted": hit[1]}
+        k, values = remap.get(entry["kernel"], (entry["kernel"], None))
+        return {**entry, "kernel": index[k], **({"lifted": values} if values is not None else {})}
     programs = {name: {**p, "dispatches": [
         {**moved(d), **({"variants": {c: moved(v) for c, v in d["variants"].items()}} if "variants" in d else {})}
         for d in p["dispatches"]]} for name, p in programs.items()}
-    used = sorted({e["kernel"] for p in programs.values() for d in p["dispatches"]
-                   for e in (d, *d.get("variants", {}).values())})
-    index = {old: new for new, old in enumerate(used)}
-
-    def renumbered(entry):
-        return {**entry, "kernel": index[entry["kernel"]]}
-    programs = {name: {**p, "dispatches": [
-        {**renumbered(d), **({"variants": {c: renumbered(v) for c, v in d["variants"].items()}} if "variants" in d else {})}
-        for d in p["dispatches"]]} for name, p in programs.items()}
-    return [new_kernels[i] for i in used], programs
+    return [new_kernels[i] for i in kept], programs

@@ -25,10 +25,10 @@ def layout(values: set, align: int) -> tuple:
     return step * len(values), {v: i * step for i, v in enumerate(values)}
 
 
-def sizes_buffer(device, values: set):
-    """(uniform buffer, {values tuple: byte offset}) holding every dispatch's lifted values at
-    the device's uniform offset alignment; (None, {}) when no dispatch has any."""
-    nbytes, offsets = layout(values, alignment(device))
+def sizes_buffer(device, laid_out: tuple):
+    """(uniform buffer, {values tuple: byte offset}) holding the values `layout` placed;
+    (None, {}) when no dispatch has any."""
+    nbytes, offsets = laid_out
     if not nbytes:
         return None, {}
     import wgpu

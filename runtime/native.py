@@ -1,7 +1,6 @@
 """Calls into wgpu-native that wgpu-py 0.32 does not offer."""
 from __future__ import annotations
 
-
 # wgpu-native's WGPUShaderRuntimeChecks flags (wgpu.h)
 BOUNDS_CHECKS, LOOP_BOUNDING = 0x1, 0x2
 
@@ -36,9 +35,12 @@ def unchecked_module(device, code: str, label: str, keep: int = 0):
     return GPUShaderModule(label, handle, device)
 
 
-def shader_module(device, code: str, label: str = "", checked: bool = True):
-    """A shader module with wgpu's runtime checks (the default) or without (unchecked_module)."""
-    return device.create_shader_module(code=code, label=label) if checked else unchecked_module(device, code, label)
+def shader_module(device, code: str, label: str = "", checked=True):
+    """A shader module with wgpu's runtime checks (True, the default), without them (False,
+    unchecked_module), or with some (an int of BOUNDS_CHECKS / LOOP_BOUNDING)."""
+    if isinstance(checked, bool):
+        return device.create_shader_module(code=code, label=label) if checked else unchecked_module(device, code, label)
+    return unchecked_module(device, code, label, checked)
 
 
 def raw_calls():

@@ -12,12 +12,11 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from . import native
 from .checkpoint import safetensors_bytes, write_atomic
 from .device import default_device, fresh_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
 from .lifted_sizes import alignment, layout, manifest_values, sizes_buffer, slice_bytes
-from . import native
-from .native import shader_module
 from .package import DTYPES, F16_MAX, Package, PackageError, workgroup_bytes
 
 # threads writing the weights at load (each write copies into a staging buffer of the driver's).
@@ -87,8 +86,8 @@ class Session:
         groups = None
         try:
             self.buffers = self._allocate(m["buffers"])
-            self._sizes = sizes_buffer(self.device, {key[3] for steps in chosen.values() for _, key in steps})
-            self.allocated_bytes += self._sizes[0].size if self._sizes[0] is not None else 0
+            self._sizes = sizes_buffer(self.device, self._sizes_layout)
+            self.allocated_bytes += self._sizes_layout[0]
             binds = {}  # bind group key -> the first dispatch using it
             for name, steps in chosen.items():
                 for j, (_, key) in enumerate(steps):
@@ -137,7 +136,9 @@ class Session:
             if size > biggest:
                 raise PackageError(f"buffer {i} needs {size} bytes; this device's largest storage buffer "
                                    f"is {biggest} bytes")
-        sizes_bytes = layout(manifest_values(m), alignment(self.device))[0]  # lifted sizes' uniform buffer
+        # the lifted sizes' uniform buffer: every dispatch's (and variant's) values, laid out once
+        self._sizes_layout = layout(manifest_values(m), alignment(self.device))
+        sizes_bytes = self._sizes_layout[0]
         if sizes_bytes > limits.get("max-buffer-size", 1 << 62):
             raise PackageError(f"the package's lifted sizes need a {sizes_bytes}-byte buffer; this device's "
                                f"largest is {limits.get('max-buffer-size')} bytes")
@@ -277,7 +278,7 @@ class Session:
         wgpu = self._wgpu
         bgl, layout = self._layout(k)
         try:
-            module = shader_module(self.device, k["wgsl"], k.get("label", ""), self.shader_checks)
+            module = native.shader_module(self.device, k["wgsl"], k.get("label", ""), bool(self.shader_checks))
             pipeline = self.device.create_compute_pipeline(
                 layout=layout, compute={"module": module, "entry_point": k["entry"]}, label=k.get("label", ""))
         except wgpu.GPUValidationError as exc:

@@ -48,3 +48,22 @@ def run_on_gpu(device):
         return session.run("infer", inputs, check_finite=False)  # op tests feed NaN/inf on purpose
 
     return run
+
+
+@pytest.fixture
+def cnn_with_size_variants():
+    """(model, {"x", "labels"}): three convolutions of different widths, so that their ReLUs and
+    ReLU gradients differ only in their lengths (kernels compiler/lift_sizes.py makes one)."""
+    import numpy as np
+    from meganeura.compiler import Builder
+
+    rng = np.random.default_rng(4)
+    b = Builder()
+    h, c_in = b.input("x", (2, 3, 12, 12)), 3
+    for i, c in enumerate([8, 16, 16]):
+        w = b.param(f"c{i}.weight", (rng.standard_normal((c, c_in, 3, 3)) * 0.2).astype(np.float32))
+        h, c_in = b.relu(b.conv2d(h, w, stride=(1, 1), padding=(1, 1, 1, 1))), c
+    h = b.linear(b.mean(h, axes=(2, 3)), b.param("fc.weight", (rng.standard_normal((5, c_in)) * 0.2).astype(np.float32)))
+    b.output("y", h)
+    return b.build(), {"x": rng.standard_normal((2, 3, 12, 12)).astype(np.float32),
+                       "labels": rng.standard_normal((2, 5)).astype(np.float32)}

@@ -255,6 +255,14 @@ def test_conv_weights_read_16_bytes_at_a_time(shape, device, monkeypatch):
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
+def _tiles_of_128_case(case: str, seed: int):
+    """(model, inputs, references) for a 128-tile case: a convolution with both gradients
+    ("conv_grads"), a CASES matmul, or a 2050 x 32 @ 32 x 2049 one (K of 4 steps of 8)."""
+    if case == "conv_grads":
+        return _conv_with_gradients((4, 16, 64, 64), (256, 16, 3, 3), 1, seed=seed, w_scale=0.2)
+    return _matmul_case(*CASES.get(case, ((2050, 32), (32, 2049), False, False)), seed=seed)
+
+
 @pytest.mark.parametrize("steps", [1, 2])
 @pytest.mark.parametrize("case", ["tiles_of_128_k_contiguous", "tiles_of_128_vec4_rows", "tiles_of_128_transposed",
                                   "tiles_of_128_k_32", "conv_grads"])
@@ -268,10 +276,7 @@ def test_128_tiles_on_two_buffers(case, steps, device, monkeypatch):
 
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "double_buffer", True)
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "k_unroll", steps)
-    if case == "conv_grads":
-        model, vals, refs = _conv_with_gradients((4, 16, 64, 64), (256, 16, 3, 3), 1, seed=8, w_scale=0.2)
-    else:
-        model, vals, refs = _matmul_case(*CASES.get(case, ((2050, 32), (32, 2049), False, False)), seed=8)
+    model, vals, refs = _tiles_of_128_case(case, seed=8)
     pkg = Package.from_bytes(compile_model(model))
     doubled = {k["label"] for k in pkg.manifest["kernels"] if "Two tile buffers" in k["wgsl"]}
     assert doubled == ({"conv2d"} if case == "conv_grads" else {"matmul"}), doubled
@@ -504,10 +509,7 @@ def test_128_tile_rows_split_by_half_and_thread(case, spread, k_quads, device, m
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "spread_b", spread[1])
     if case == "two_buffers":
         monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "double_buffer", True)
-    if case == "conv_grads":
-        model, vals, refs = _conv_with_gradients((4, 16, 64, 64), (256, 16, 3, 3), 1, seed=9, w_scale=0.2)
-    else:
-        model, vals, refs = _matmul_case(*CASES.get(case, ((2050, 32), (32, 2049), False, False)), seed=9)
+    model, vals, refs = _tiles_of_128_case(case, seed=9)
     pkg = Package.from_bytes(compile_model(model))
     big = [k["wgsl"] for k in pkg.manifest["kernels"] if "8x8 outputs per thread" in k["wgsl"]]
     assert big

@@ -2,7 +2,7 @@
 from a uniform buffer; the runtime binds each dispatch's values; answers do not change."""
 import numpy as np
 import pytest
-from meganeura.compiler import Builder, TrainConfig, compile_model, lift_sizes
+from meganeura.compiler import TrainConfig, compile_model, lift_sizes
 from meganeura.runtime import Package, PackageError, Session
 
 ELEMENTWISE = """@group(0) @binding(0) var<storage, read> t0: array<f32>;
@@ -81,23 +81,8 @@ def test_device_class_variants_carry_their_own_sizes():
     assert (d0["lifted"], d0["variants"]["cpu"]["lifted"], d1["lifted"]) == ([10, 3], [10, 9], [20, 3])
 
 
-def _cnn():
-    """Three convolutions of different widths: their ReLUs and ReLU gradients differ only in
-    their lengths."""
-    rng = np.random.default_rng(4)
-    b = Builder()
-    h, c_in = b.input("x", (2, 3, 12, 12)), 3
-    for i, c in enumerate([8, 16, 16]):
-        w = b.param(f"c{i}.weight", (rng.standard_normal((c, c_in, 3, 3)) * 0.2).astype(np.float32))
-        h, c_in = b.relu(b.conv2d(h, w, stride=(1, 1), padding=(1, 1, 1, 1))), c
-    h = b.linear(b.mean(h, axes=(2, 3)), b.param("fc.weight", (rng.standard_normal((5, c_in)) * 0.2).astype(np.float32)))
-    b.output("y", h)
-    return b.build(), {"x": rng.standard_normal((2, 3, 12, 12)).astype(np.float32),
-                       "labels": rng.standard_normal((2, 5)).astype(np.float32)}
-
-
-def test_a_training_step_is_bit_identical_with_and_without_lifting(device, monkeypatch):
-    model, inputs = _cnn()
+def test_a_training_step_is_bit_identical_with_and_without_lifting(device, monkeypatch, cnn_with_size_variants):
+    model, inputs = cnn_with_size_variants
     cfg = TrainConfig(loss="mse", optimizer="adamw", lr=1e-2)
     lifted = Package.from_bytes(compile_model(model, cfg))
     assert {k["label"] for k in lifted.manifest["kernels"] if k.get("lifted")} >= {"relu", "mul+step"}
@@ -114,8 +99,8 @@ def test_a_training_step_is_bit_identical_with_and_without_lifting(device, monke
     assert w1.keys() == w2.keys() and all(np.array_equal(w1[k], w2[k]) for k in w1)
 
 
-def test_the_runtime_refuses_sizes_that_do_not_fit_the_kernel(device):
-    model, _ = _cnn()
+def test_the_runtime_refuses_sizes_that_do_not_fit_the_kernel(cnn_with_size_variants):
+    model, _ = cnn_with_size_variants
     pkg = Package.from_bytes(compile_model(model, TrainConfig(loss="mse", optimizer="adamw")))
     m = pkg.manifest
     d = next(d for d in m["programs"]["train_step"]["dispatches"] if "lifted" in d)
@@ -138,13 +123,13 @@ def test_the_runtime_refuses_sizes_that_do_not_fit_the_kernel(device):
         validate_manifest(m)
 
 
-def test_format_3_packages_still_load_and_may_not_lift(device, monkeypatch):
+def test_format_3_packages_still_load_and_may_not_lift(device, monkeypatch, cnn_with_size_variants):
     """A package written before lifted sizes (format 3) loads and runs; one that says format 3
     but carries lifted sizes is refused."""
     from meganeura.compiler import package_writer
     from meganeura.runtime.package import validate_manifest
 
-    model, inputs = _cnn()
+    model, inputs = cnn_with_size_variants
     current = package_writer.FORMAT_VERSION
     monkeypatch.setattr(package_writer, "FORMAT_VERSION", 3)
     monkeypatch.setattr(lift_sizes, "ENABLED", False)
@@ -162,12 +147,12 @@ def test_format_3_packages_still_load_and_may_not_lift(device, monkeypatch):
         validate_manifest(m)
 
 
-def test_a_kernel_reading_more_sizes_than_it_declares_is_refused_at_load(device):
+def test_a_kernel_reading_more_sizes_than_it_declares_is_refused_at_load(device, cnn_with_size_variants):
     """A damaged package whose kernel declares a bigger mn_sizes than its "lifted" count: the
     binding layout's minimum size refuses the pipeline (a PackageError), not a run."""
     import hashlib
 
-    model, _ = _cnn()
+    model, _ = cnn_with_size_variants
     m = Package.from_bytes(compile_model(model)).manifest
     k = next(k for k in m["kernels"] if k.get("lifted"))
     k["wgsl"] = k["wgsl"].replace("var<uniform> mn_sizes: array<vec4<u32>, ", "var<uniform> mn_sizes: array<vec4<u32>, 16 + ")

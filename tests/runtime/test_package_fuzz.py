@@ -366,6 +366,27 @@ def _run_loaded(device, pkg, rng):
     return "ran"
 
 
+def run_cases(device, cases, nrng, expect=None) -> dict:
+    """Load each (what, bytes) case: refused with a PackageError naming the problem (never an
+    "invalid manifest (" the validator missed), or loaded and run (_run_loaded); outcome counts.
+    `expect(what, loaded, error)` may check a case's outcome."""
+    outcomes = {}
+    for what, data in cases:
+        try:
+            pkg = Package.from_bytes(data)
+        except PackageError as exc:
+            assert "invalid manifest (" not in str(exc), f"{what}: a case the validator missed: {exc}"
+            if expect:
+                expect(what, False, exc)
+            outcomes["refused"] = outcomes.get("refused", 0) + 1
+            continue
+        if expect:
+            expect(what, True, None)
+        outcome = _run_loaded(device, pkg, nrng)
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    return outcomes
+
+
 def test_ten_thousand_mutated_packages(good, device):
     """Each case raises PackageError naming the problem, or loads and runs; none crashes,
     hangs, allocates more than its manifest declares, or loses the device."""
