@@ -71,12 +71,25 @@ def main(argv=None):
     ap.add_argument("--upload-threads", type=int, default=None, help="session.UPLOAD_THREADS (default: as set)")
     ap.add_argument("--all-kernels", action="store_true", help="every kernel's pipeline time, and sums per family")
     ap.add_argument("--no-lift-sizes", action="store_true", help="each size variant a kernel of its own")
+    ap.add_argument("--unchecked", action="store_true", help="Session(shader_checks=False)")
+    ap.add_argument("--device-class", default=None, help="Session(device_class=...): 'cpu' makes the CPU variants")
+    ap.add_argument("--plan", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="GEMM_PLAN settings for the compile, e.g. k_unroll_long=2")
+    ap.add_argument("--from-path", action="store_true",
+                    help="the first Session made from the file (read while it compiles; session_s includes it)")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
     from meganeura.compiler import lift_sizes
     from meganeura.runtime import Package, Session
 
     lift_sizes.ENABLED = not args.no_lift_sizes
+    from meganeura.compiler.gemm_plan import GEMM_PLAN
+
+    for setting in args.plan:
+        key, value = setting.split("=")
+        if key not in GEMM_PLAN:
+            ap.error(f"--plan {setting}: GEMM_PLAN has no {key!r}")
+        GEMM_PLAN[key] = type(GEMM_PLAN[key])(int(value))
     from meganeura.runtime import session as session_module
     from meganeura.runtime.device import default_device
 
@@ -95,13 +108,14 @@ def main(argv=None):
                     setattr(Session, k, f)
                 _timed(Session, list(originals), acc)
                 t = time.perf_counter()
-                pkg = Package.load(path)
+                pkg = path if args.from_path and attempt == "first" else Package.load(path)
                 t1 = time.perf_counter()
-                s = Session(dev, pkg)
+                s = Session(dev, pkg, device_class=args.device_class, shader_checks=not args.unchecked)
+                pkg = s.package
                 t2 = time.perf_counter()
                 kernels = len(s.kernels)
                 per_kernel = sorted(acc.get("_pipeline", []))
-                row = {"workload": name, "lift_sizes": lift_sizes.ENABLED, "threads": threads,
+                row = {"workload": name, "lift_sizes": lift_sizes.ENABLED, "threads": threads, "plan": args.plan, "from_path": args.from_path and attempt == "first", "checks": not args.unchecked, "device_class": s.device_class,
                        "upload_threads": session_module.UPLOAD_THREADS,
                        "attempt": attempt,
                        "package_mb": pkg.raw_size / 2**20, "kernels": kernels,

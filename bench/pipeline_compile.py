@@ -1,7 +1,8 @@
 """What the driver's compile of each pipeline costs, one kernel at a time (no threads, so
 each number is one kernel's), with and without wgpu's shader checks, and for the GEMM
 kernels with fused epilogues also with the epilogue replaced by a plain store (how much of
-their compile the epilogue is). For a first launch's load time (bench/load_profile.py times
+their compile the epilogue is), their multiply-adds as fma() calls, and their operand loads
+replaced by index arithmetic (how much of it the loads' im2col math is). For a first launch's load time (bench/load_profile.py times
 the real, threaded load). Run with an empty driver shader cache (__GL_SHADER_DISK_CACHE_PATH
 a fresh folder): every variant differs (the plain stores carry a literal of their own), so none
 hits another's entry.
@@ -37,6 +38,33 @@ def plain_store(wgsl: str, tag: int) -> str | None:
         start = wgsl.index("{\n", wgsl.index(name)) + 2
         wgsl = wgsl[:start] + body + wgsl[wgsl.index("\n}\n", start):]
     return wgsl
+
+
+_ACC = re.compile(r"(acc\w+) = \1 \+ (\w+)\.([xyzw]) \* (\w+);")
+
+
+def fma_form(wgsl: str, tag: int) -> str | None:
+    """The inner loop's multiply-adds written as fma() calls (does the driver compile those faster?)."""
+    out, n = _ACC.subn(r"\1 = fma(vec4<f32>(\2.\3), \4, \1);", wgsl)
+    return out if n else None
+
+
+def cheap_loads(wgsl: str, tag: int) -> str | None:
+    """load_a / load_b (and their vec4 forms) returning a value of their indices instead of
+    reading the operands (wrong results: for the compile time of the loads' index math alone)."""
+    bodies = {"fn load_a(": "f32(m + k)", "fn load_b(": "f32(k + n)",
+              "fn load_a4(": "vec4<f32>(f32(m + k))", "fn load_b4(": "vec4<f32>(f32(k + n))"}
+    hit = False
+    for name, value in bodies.items():
+        if name not in wgsl:
+            continue
+        start = wgsl.index("{\n", wgsl.index(name)) + 2
+        wgsl = wgsl[:start] + f"    return {value} + {tag}e-30;" + wgsl[wgsl.index("\n}\n", start):]
+        hit = True
+    return wgsl if hit else None
+
+
+PROBES = {"plain_store": plain_store, "fma": fma_form, "cheap_loads": cheap_loads}
 
 
 def main(argv=None):
@@ -79,9 +107,10 @@ def main(argv=None):
             k = m["kernels"][i]
             row = {"label": k["label"], "kind": _kind(k["wgsl"]), "chars": len(k["wgsl"]),
                    "checked_ms": made(k["wgsl"], True), "unchecked_ms": made(k["wgsl"], False)}
-            plain = plain_store(k["wgsl"], i)
-            if plain is not None:
-                row["plain_store_checked_ms"] = made(plain, True)
+            for probe, transform in PROBES.items():
+                text = transform(k["wgsl"], i)
+                if text is not None:
+                    row[f"{probe}_checked_ms"] = made(text, True)
             per.append(row)
         sums = {}
         for r in per:
@@ -94,6 +123,11 @@ def main(argv=None):
                 s["with_epilogue"] += 1
                 s["epilogue_checked_ms"] += r["checked_ms"]
                 s["plain_store_checked_ms"] += r["plain_store_checked_ms"]
+            for probe in ("fma", "cheap_loads"):
+                if f"{probe}_checked_ms" in r:
+                    s[f"{probe}_count"] = s.get(f"{probe}_count", 0) + 1
+                    s[f"{probe}_before_ms"] = s.get(f"{probe}_before_ms", 0.0) + r["checked_ms"]
+                    s[f"{probe}_checked_ms"] = s.get(f"{probe}_checked_ms", 0.0) + r[f"{probe}_checked_ms"]
         summary = {"workload": name, "plan": args.plan, "lift_sizes": lift_sizes.ENABLED, "kernels": len(per), "families": sums,
                    "checked_ms": sum(r["checked_ms"] for r in per), "unchecked_ms": sum(r["unchecked_ms"] for r in per)}
         print(json.dumps(summary), flush=True)

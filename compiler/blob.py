@@ -24,7 +24,7 @@ import zlib
 
 import numpy as np
 
-from ..runtime.package import run_on_threads
+from ..runtime.threads import run_on_threads
 
 CHUNK = 16 << 20  # bytes per checksum chunk (a fixed part of the format: docs/PACKAGE.md)
 COPY = 64 << 20  # bytes per copy task

@@ -1,9 +1,12 @@
-"""Loading a package file: every byte is checked before any GPU object exists.
+"""Loading a package file: every index, size and offset is checked before any GPU object
+exists.
 
 A package is untrusted input. `Package.load` checks the magic, format version,
 lengths and checksums; then every field of the manifest, every index (buffers, kernels,
 tensors) and every size against the others; then the weights blob. Anything wrong
-raises PackageError naming the field.
+raises PackageError naming the field. A Session made from a path checks the same, but
+reads the weights' bytes (and checks their checksums) while it compiles: the manifest
+and the weights' offsets are checked first, and no weight is uploaded before its checksum.
 """
 from __future__ import annotations
 
@@ -12,14 +15,15 @@ import hashlib
 import json
 import math
 import os
-import re
 import struct
-import threading
 import zlib
 from contextlib import contextmanager
 
 import msgpack
 import numpy as np
+
+from .threads import FileReader, OnThread, run_on_threads  # noqa: F401  (run_on_threads: the compiler's too)
+from .workgroup_memory import workgroup_bytes  # noqa: F401  (the Session and tests import it from here)
 
 MAGIC = b"MNPK\r\n\x1a\n"
 FORMAT_NAME = "meganeura-package"
@@ -34,77 +38,6 @@ ACCESS = ("read", "read_write")
 READ_STEP = 64 << 20  # bytes per read task when loading a file
 OFFSET_ALIGN = 256  # byte offsets of tensors and bound ranges: WebGPU's largest minStorageBufferOffsetAlignment
 DEVICE_CLASSES = ("cpu", "gpu")  # kernel variants: CPU rasterisers (lavapipe) rank kernels differently
-
-
-_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
-_ADDRESS_SPACE = re.compile(r"workgroup(?!\w)")  # (a literal first: a fast scan of long kernels)
-_DECLARED = re.compile(r"\s*>\s*\w+\s*:\s*([^;]*);")  # after `var<workgroup`: the variable and its type
-_ARRAY = re.compile(r"array\s*<\s*(.+?)\s*,\s*(0[xX][0-9a-fA-F]+|\d+)[iu]?\s*>")
-_VECTOR = re.compile(r"vec([234])\s*(?:<\s*([fiu]32|f16)\s*>|([fiuh]))")
-_SCALAR_BYTES = {"f32": 4, "i32": 4, "u32": 4, "f16": 2, "f": 4, "i": 4, "u": 4, "h": 2}
-
-
-def workgroup_bytes(wgsl: str):
-    """Bytes of workgroup memory a kernel declares, as WebGPU counts them (each variable rounded
-    up to 16), or None when a declaration is of a type this does not size (scalars, vectors and
-    arrays of them or of such arrays, with literal lengths, are sized; the compiler emits only those)."""
-    code = _COMMENTS.sub(" ", wgsl)
-    total = 0
-    for m in _ADDRESS_SPACE.finditer(code):
-        if _word_before(code, m.start()) != "<":
-            continue  # part of a longer name, or not an address space
-        # `var<workgroup> x: T;` declares memory; `ptr<workgroup, T>` points into it
-        owner = _word_before(code, _skip_back(code, m.start()) - 1)
-        if owner == "ptr":
-            continue
-        decl = _DECLARED.match(code, m.end()) if owner == "var" else None
-        size = _type_bytes(decl.group(1).strip()) if decl else None
-        if size is None:
-            return None
-        total += -(-size // 16) * 16
-    return total
-
-
-def _skip_back(code: str, i: int) -> int:
-    """The index just after the last non-space character before `i`."""
-    while i > 0 and code[i - 1].isspace():
-        i -= 1
-    return i
-
-
-def _word_before(code: str, i: int):
-    """The token that ends just before `i` (spaces skipped): an identifier, or one character."""
-    j = _skip_back(code, i)
-    if j == 0:
-        return None
-    k = j
-    while k > 0 and (code[k - 1].isalnum() or code[k - 1] == "_"):
-        k -= 1
-    return code[k:j] if k < j else code[j - 1]
-
-
-def _type_bytes(ty: str):
-    sized = _size_align(ty)
-    return sized[0] if sized else None
-
-
-def _size_align(ty: str):
-    """(bytes, alignment) of a WGSL type as WGSL lays it out (an array's elements a stride
-    apart: their size rounded up to their alignment, 16 for a vec3<f32>), or None."""
-    array = _ARRAY.fullmatch(ty)
-    if array:  # (arrays of arrays too: the non-greedy element widens until the whole type matches)
-        inner = _size_align(array.group(1).strip())
-        if inner is None:
-            return None
-        size, align = inner
-        return int(array.group(2), 0) * (-(-size // align) * align), align
-    vector = _VECTOR.fullmatch(ty)
-    if vector:
-        n, item = int(vector.group(1)), _SCALAR_BYTES[vector.group(2) or vector.group(3)]
-        return n * item, item * (4 if n == 3 else n)
-    if ty in _SCALAR_BYTES and len(ty) == 3:
-        return _SCALAR_BYTES[ty], _SCALAR_BYTES[ty]
-    return None
 
 
 class PackageError(ValueError):
@@ -150,16 +83,59 @@ class Package:
 
     def __init__(self, manifest: dict, weights: dict, raw_size: int = 0):
         self.manifest = manifest
-        self.weights = weights  # name -> ndarray (params and non-zero initial state)
+        self._weights = weights
+        self._reading = None  # a _Reading while a file's weights are still read and checked
         self.raw_size = raw_size
+
+    @property
+    def weights(self) -> dict:
+        """name -> read-only ndarray (params and non-zero initial state); for a package still
+        being read (a Session made from a path), waits for its bytes and their checksums."""
+        if self._reading is not None:
+            self._weights = self._reading.wait()  # raises PackageError for damaged weights, each time asked
+            self._reading = None
+        return self._weights
 
     @classmethod
     def load(cls, path) -> Package:
+        package = cls._open(path)
+        package.weights  # noqa: B018  (checked whole before it returns)
+        return package
+
+    @classmethod
+    def _open(cls, path) -> Package:
+        """The manifest and the weights' layout read and checked now; the rest of the weights
+        read and checked against their checksums on a thread (a Session made from a path makes
+        its pipelines and buffers meanwhile: the manifest they come from is checked, and no
+        weight is uploaded before `weights` has waited for its checksum)."""
         try:
-            data = _read_file(path)
+            f = open(path, "rb")
         except OSError as exc:
             raise PackageError(f"cannot read package {path}: {exc.strerror or exc}") from None
-        return cls._parse(data)
+        try:
+            size = os.fstat(f.fileno()).st_size
+            read = FileReader(f, size, lambda why: PackageError(f"cannot read package {path}: {why}"))
+            manifest, start, end = _head(read.bytes, size)
+            ck = manifest["blob_checksum"]
+            blob = memoryview(np.empty(end - start, np.uint8))  # untouched pages (FileReader says why)
+            # the safetensors header, and the chunks holding it, first: its offsets are checked now
+            n = struct.unpack("<Q", read.bytes(start, start + 8))[0] if end - start >= 8 else 0
+            head = min(len(blob), -(-min(8 + n, len(blob)) // ck["chunk_bytes"]) * ck["chunk_bytes"])
+            read.into(blob, start, 0, head, READ_STEP)
+            _check_blob(blob, ck, 0, head)
+            layout = _weights_layout(blob[:head], len(blob), manifest)
+        except BaseException:
+            f.close()
+            raise
+        package = cls(manifest, None, size)
+
+        def rest():
+            with f:
+                read.into(blob, start, head, len(blob), READ_STEP)
+            _check_blob(blob, ck, head, len(blob))
+            return _weight_views(blob, layout)
+        package._reading = OnThread(rest)
+        return package
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Package:
@@ -168,36 +144,10 @@ class Package:
     @classmethod
     def _parse(cls, data) -> Package:
         """`data`: the package's bytes (bytes, or a view of memory nobody else holds)."""
-        if len(data) < len(MAGIC) + 12 + 8 + 32:
-            _fail(f"not a meganeura package: {len(data)} bytes is too short")
-        if data[:8] != MAGIC:
-            _fail("not a meganeura package: wrong magic bytes")
-        version, man_len = struct.unpack_from("<IQ", data, 8)
-        if version not in READABLE_VERSIONS:
-            _fail(f"package format version {version}; this runtime reads versions {READABLE_VERSIONS}: "
-                  "recompile the model with a matching meganeura")
-        if man_len > MAX_MANIFEST or 20 + man_len + 8 + 32 > len(data):
-            _fail(f"truncated or damaged package: manifest length {man_len} exceeds the file")
-        (blob_len,) = struct.unpack_from("<Q", data, 20 + man_len)
-        end = 20 + man_len + 8 + blob_len
-        if end + 32 != len(data):
-            _fail(f"truncated or damaged package: expected {end + 32} bytes, file has {len(data)}")
-        if hashlib.sha256(data[:20 + man_len + 8]).digest() != data[end:]:
-            _fail("damaged package: the checksum does not match the contents")
-        try:
-            manifest = msgpack.unpackb(data[20:20 + man_len], raw=False, strict_map_key=True)
-        except Exception as exc:  # msgpack raises several types for bad bytes
-            raise PackageError(f"damaged manifest: {type(exc).__name__}: {exc}") from None
-        blob = memoryview(data)[20 + man_len + 8:end]
-        try:
-            validate_manifest(manifest)
-        except PackageError:
-            raise
-        except Exception as exc:  # a case the checks above missed: still the file's fault
-            raise PackageError(f"invalid manifest ({type(exc).__name__}: {exc})") from None
-        _check_blob(blob, manifest["blob_checksum"])
-        weights = _load_weights(blob, manifest)
-        return cls(manifest, weights, len(data))
+        manifest, start, end = _head(lambda a, b: data[a:b], len(data))
+        blob = memoryview(data)[start:end]
+        _check_blob(blob, manifest["blob_checksum"], 0, len(blob))
+        return cls(manifest, _weight_views(blob, _weights_layout(blob, len(blob), manifest)), len(data))
 
     # typed views
     @property
@@ -456,60 +406,43 @@ def _workgroups(d, where):
         _int(n, f"{where}.workgroups", 0, 1 << 31)
 
 
-def _read_file(path) -> memoryview:
-    """The file's bytes, read by several threads into one buffer: the first touch of fresh
-    memory, not the copy out of the page cache, is what a read of gigabytes pays, and
-    threads pay it in parallel (os.preadv releases the GIL)."""
-    with open(path, "rb") as f:
-        fd = f.fileno()
-        size = os.fstat(fd).st_size
-        view = memoryview(np.empty(size, np.uint8))  # untouched pages (a bytearray zero-fills them)
-        parts = [(o, min(size, o + READ_STEP)) for o in range(0, size, READ_STEP)]
-
-        def read(a, b):
-            while a < b:
-                n = os.preadv(fd, [view[a:b]], a)
-                if n <= 0:
-                    raise OSError(f"the file ended at byte {a} of {size} while being read")
-                a += n
-        if not hasattr(os, "preadv"):  # Windows: one read
-            if f.readinto(view) != size:
-                raise OSError(f"the file changed size while being read (expected {size} bytes)")
-            return view
-        run_on_threads([lambda a=a, b=b: read(a, b) for a, b in parts])
-        return view
-
-
-def run_on_threads(tasks, threads: int | None = None):
-    """Run callables on `threads` threads (the caller's included; default: the cores, at
-    most 8) and re-raise the first error; a thread stops at its own. Their work must release
-    the GIL to gain (zlib, os.preadv, memmove, madvise do). The compiler uses it too."""
-    it, lock, errors = iter(tasks), threading.Lock(), []
-
-    def work():
-        while True:
-            with lock:
-                task = next(it, None)
-            if task is None:
-                return
-            try:
-                task()
-            except BaseException as exc:  # noqa: BLE001  (handed to the caller below)
-                errors.append(exc)
-                return
-    n = threads if threads is not None else min(8, os.cpu_count() or 1)
-    helpers = [threading.Thread(target=work, daemon=True) for _ in range(max(0, min(n, len(tasks)) - 1))]
-    for t in helpers:
-        t.start()
-    work()
-    for t in helpers:
-        t.join()
-    if errors:
-        raise errors[0]
+def _head(read, size: int):
+    """(manifest, blob start, blob end) of a package of `size` bytes, `read(a, b)` giving bytes
+    a to b: the magic, version, lengths and the checksum over the head, then every field."""
+    if size < len(MAGIC) + 12 + 8 + 32:
+        _fail(f"not a meganeura package: {size} bytes is too short")
+    first = read(0, 20)
+    if first[:8] != MAGIC:
+        _fail("not a meganeura package: wrong magic bytes")
+    version, man_len = struct.unpack_from("<IQ", first, 8)
+    if version not in READABLE_VERSIONS:
+        _fail(f"package format version {version}; this runtime reads versions {READABLE_VERSIONS}: "
+              "recompile the model with a matching meganeura")
+    if man_len > MAX_MANIFEST or 20 + man_len + 8 + 32 > size:
+        _fail(f"truncated or damaged package: manifest length {man_len} exceeds the file")
+    head = read(0, 20 + man_len + 8)
+    (blob_len,) = struct.unpack_from("<Q", head, 20 + man_len)
+    end = 20 + man_len + 8 + blob_len
+    if end + 32 != size:
+        _fail(f"truncated or damaged package: expected {end + 32} bytes, file has {size}")
+    if hashlib.sha256(head).digest() != read(end, end + 32):
+        _fail("damaged package: the checksum does not match the contents")
+    try:
+        manifest = msgpack.unpackb(head[20:20 + man_len], raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several types for bad bytes
+        raise PackageError(f"damaged manifest: {type(exc).__name__}: {exc}") from None
+    try:
+        validate_manifest(manifest)
+    except PackageError:
+        raise
+    except Exception as exc:  # a case the checks above missed: still the file's fault
+        raise PackageError(f"invalid manifest ({type(exc).__name__}: {exc})") from None
+    return manifest, 20 + man_len + 8, end
 
 
-def _check_blob(blob: memoryview, ck: dict):
-    """Each chunk of the weights against its CRC-32, on threads (zlib releases the GIL)."""
+def _check_blob(blob: memoryview, ck: dict, first: int, last: int):
+    """The weights' chunks within bytes first to last (chunk bounds, or the end) against their
+    CRC-32s, on threads (zlib releases the GIL)."""
     size = ck["chunk_bytes"]
     ranges = [(o, min(len(blob), o + size)) for o in range(0, len(blob), size)] or [(0, 0)]
     if len(ck["values"]) != 4 * len(ranges):
@@ -521,33 +454,35 @@ def _check_blob(blob: memoryview, ck: dict):
         a, b = ranges[c]
         if zlib.crc32(blob[a:b]) != want[c]:
             bad.append(c)
-    run_on_threads([lambda c=c: check(c) for c in range(len(ranges))])
+    todo = [c for c, (a, b) in enumerate(ranges) if first <= a and b <= last and (a < b or not len(blob))]
+    run_on_threads([lambda c=c: check(c) for c in todo])
     if bad:
         a, b = ranges[min(bad)]
         _fail(f"damaged weights: bytes {a}-{b} of the weights blob fail their checksum "
-              f"({len(bad)} of {len(ranges)} chunks damaged)")
+              f"({len(bad)} of {len(todo)} chunks damaged)")
 
 
-def _load_weights(blob: memoryview, m: dict) -> dict:
-    """name -> read-only ndarray viewing the package's bytes: a safetensors blob parsed
-    here instead of by the safetensors library, whose load copies every tensor (SD-1.5:
-    3.4 GB copied twice at each load)."""
-    weights = {}
-    if not len(blob):
-        return weights
-    if len(blob) < 8:
+def _weights_layout(head: memoryview, blob_len: int, m: dict) -> dict:
+    """name -> (dtype, shape, byte offset in the blob) of each weight, from the blob's first
+    bytes (`head`, holding its safetensors header; a header parsed here instead of by the
+    safetensors library, whose load copies every tensor: SD-1.5, 3.4 GB twice at each load),
+    checked against the blob's length and the manifest's tensors."""
+    layout = {}
+    if not blob_len:
+        return layout
+    if blob_len < 8:
         _fail("damaged weights: the safetensors header is cut short")
-    (n,) = struct.unpack_from("<Q", blob, 0)
-    if n > len(blob) - 8 or n > MAX_MANIFEST:
+    (n,) = struct.unpack_from("<Q", head, 0)
+    if n > blob_len - 8 or n > MAX_MANIFEST or 8 + n > len(head):
         _fail(f"damaged weights: safetensors header length {n} exceeds the blob")
     try:
         with _no_collection():  # a hostile header nests deep: no destructors run at that depth
-            header = json.loads(bytes(blob[8:8 + n]))
+            header = json.loads(bytes(head[8:8 + n]))
     except (ValueError, RecursionError) as exc:
         raise PackageError(f"damaged weights: unreadable safetensors header ({exc})") from None
     if not isinstance(header, dict):
         _fail("damaged weights: the safetensors header is not a map")
-    data = blob[8 + n:]
+    data_len = blob_len - 8 - n
     for name, e in header.items():
         if name == "__metadata__":
             continue
@@ -559,26 +494,34 @@ def _load_weights(blob: memoryview, m: dict) -> dict:
             _fail(f"{w}: dtype {name_of!r:.20} is not F32, I32 or F16")
         shape = [_int(d, f"{w}.shape", 0, 1 << 32) for d in _list(_key(e, "shape", w), f"{w}.shape", 8)]
         offsets = _list(_key(e, "data_offsets", w), f"{w}.data_offsets", 2)
-        a, b = (_int(o, f"{w}.data_offsets", 0, len(data)) for o in offsets) if len(offsets) == 2 else (-1, -1)
+        a, b = (_int(o, f"{w}.data_offsets", 0, data_len) for o in offsets) if len(offsets) == 2 else (-1, -1)
         count = math.prod(shape)  # Python ints: no wrap-around
         item = np.dtype(dtype).itemsize
         if a < 0 or b - a != item * count:
             _fail(f"{w}: data_offsets {offsets!r:.60} do not hold {count} values of {item} bytes")
-        arr = np.frombuffer(data, dtype, count, a).reshape(shape)
-        arr.flags.writeable = False  # a view of the package's bytes (which may be writable memory)
-        weights[name] = arr
+        layout[name] = [np.dtype(dtype), shape, 8 + n + a]
     named = {t["name"] for t in m["tensors"] if t["role"] != "output" and t["init"] == "blob"}
-    if set(weights) - named:
-        _fail(f"the weights hold tensors the manifest does not name: {sorted(set(weights) - named)[:5]}")
+    if set(layout) - named:
+        _fail(f"the weights hold tensors the manifest does not name: {sorted(set(layout) - named)[:5]}")
     for i, t in enumerate(m["tensors"]):
         if t["role"] == "output" or t["init"] != "blob":
             continue
-        w = weights.get(t["name"])
-        if w is None:
+        if t["name"] not in layout:
             _fail(f"tensors[{i}] ({t['name']}): no weights in the package")
-        if t["shape"] == [] and w.shape == (1,):
-            w = weights[t["name"]] = w.reshape(())  # safetensors stores scalars as [1]
-        if list(w.shape) != list(t["shape"]) or w.dtype != DTYPES[t["dtype"]]:
-            _fail(f"tensors[{i}] ({t['name']}): weights are {w.dtype}{list(w.shape)}, "
+        dtype, shape, offset = layout[t["name"]]
+        if t["shape"] == [] and shape == [1]:
+            layout[t["name"]][1] = shape = []  # safetensors stores scalars as [1]
+        if shape != list(t["shape"]) or dtype != DTYPES[t["dtype"]]:
+            _fail(f"tensors[{i}] ({t['name']}): weights are {dtype}{shape}, "
                   f"the manifest says {t['dtype']}{t['shape']}")
+    return layout
+
+
+def _weight_views(blob: memoryview, layout: dict) -> dict:
+    """name -> read-only ndarray viewing the package's bytes."""
+    weights = {}
+    for name, (dtype, shape, offset) in layout.items():
+        arr = np.frombuffer(blob, dtype, math.prod(shape), offset).reshape(shape)
+        arr.flags.writeable = False  # a view of the package's bytes (which may be writable memory)
+        weights[name] = arr
     return weights

@@ -17,6 +17,7 @@ from .checkpoint import safetensors_bytes, write_atomic
 from .device import default_device, fresh_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
 from .lifted_sizes import alignment, layout, manifest_values, sizes_buffer, slice_bytes
+from .loading import LoadingSession
 from .package import DTYPES, F16_MAX, Package, PackageError, workgroup_bytes
 
 # threads writing the weights at load (each write copies into a staging buffer of the driver's).
@@ -36,8 +37,9 @@ _LIMIT_NAMES = {  # manifest name -> wgpu limit name
 
 class Session:
     def __init__(self, device, package, device_class: str | None = None, memory_limit: int | None = None,
-                 shader_checks: bool = True):
-        """`device_class` ("gpu" or "cpu") overrides which kernel variants run; by default
+                 shader_checks: bool = True, _progress=None):
+        """`package`: a Package, or a .mnpk file's path (the fastest first launch: its weights
+        are read while the driver compiles the pipelines). `device_class` ("gpu" or "cpu") overrides which kernel variants run; by default
         CPU rasterisers (lavapipe) get the CPU ones. `memory_limit` (bytes) refuses a
         package whose buffers need more, before anything is allocated. `shader_checks=False`
         has the WGSL compiler leave out the checks it adds to every kernel (indices into
@@ -48,8 +50,8 @@ class Session:
         or loop until the driver resets the GPU."""
         import wgpu
 
-        if isinstance(package, (str, os.PathLike)):
-            package = Package.load(package)
+        if isinstance(package, (str, os.PathLike)):  # its weights read (and checked) while the pipelines compile
+            package = Package._open(package)
         if not isinstance(package, Package):
             raise TypeError("Session(device, package): package is a Package or a path to a .mnpk file")
         self.package = pkg = package
@@ -58,6 +60,7 @@ class Session:
         self.lost = self.closed = False
         self._device_class_arg, self.memory_limit = device_class, memory_limit
         self.shader_checks = shader_checks
+        self._progress = _progress  # a LoadingSession's count of pipelines made and weights uploaded
         if device_class not in (None, "cpu", "gpu"):
             raise ValueError(f"device_class {device_class!r}: use 'cpu' or 'gpu'")
         m = pkg.manifest
@@ -78,11 +81,15 @@ class Session:
         # the driver compiles pipelines, and makes bind groups, on threads while this one
         # uploads the weights
         todo = [(i, k) for i, k in enumerate(m["kernels"]) if i in used]
+        uploads = [t for t in self.tensors if t["role"] in ("param", "state", "constant") and t["init"] == "blob"]
+        if _progress is not None:
+            _progress.expect(len(todo) + len(uploads))
         for i, k in todo:
             self._layout(k)  # shared by kernels: made here, not in the threads
         # the longest kernels first (their WGSL's length: NVIDIA took 100-240 ms on the 8x8-per-thread
         # GEMMs, ~12 on most), so that no long compile starts last and holds up the load alone
-        pipelines = _in_background({i: (self._pipeline, i, k) for i, k in sorted(todo, key=lambda ik: -len(ik[1]["wgsl"]))})
+        pipelines = _in_background({i: (self._pipeline, i, k) for i, k in sorted(todo, key=lambda ik: -len(ik[1]["wgsl"]))},
+                                   None if _progress is None else min(_progress.threads, LOAD_THREADS))
         groups = None
         try:
             self.buffers = self._allocate(m["buffers"])
@@ -94,8 +101,7 @@ class Session:
                     binds.setdefault(key, (self._bind_group, name, j, *key))
             groups = _in_background(binds)
             with self._gpu("uploading the weights"):
-                self._upload([t for t in self.tensors if t["role"] in ("param", "state", "constant")
-                              and t["init"] == "blob"], pkg.weights)
+                self._upload(uploads, pkg.weights)
         except BaseException:
             for pending in (pipelines, groups):  # no thread outlives the constructor; the upload's error is the one to see
                 if pending is not None:
@@ -117,6 +123,14 @@ class Session:
         self._staging = {}
         self._batch = (m.get("batch") or {}).get("size")
         self._skip_counter = pkg.tensor(SKIPPED, "state")  # None: compiled without the NaN guard
+
+    @classmethod
+    def load_in_background(cls, device, package, threads: int | None = None, **options) -> LoadingSession:
+        """Start making a Session (the same arguments) on a thread of its own and return at
+        once: the host's frames go on while the driver compiles (a first launch of a big package
+        takes a second or more). Poll `.done()` and `.progress` each frame, then `.result()`.
+        `threads`: how many the driver compiles on (default: the cores less loading.SPARE_CORES)."""
+        return LoadingSession(cls, device, package, threads, options)
 
     # ---------------------------------------------------------------- loading
     def _check_device(self, m):
@@ -284,13 +298,20 @@ class Session:
         except wgpu.GPUValidationError as exc:
             self._raise_if_lost(exc, "loading the package")
             raise PackageError(f"kernel {i} ({k.get('label', '')}) was rejected by the WGSL compiler: {exc}") from None
+        if self._progress is not None:
+            self._progress.tick()
         return pipeline, bgl
 
     def _upload(self, tensors, weights):
         """Write `tensors`' weights, the largest first, on UPLOAD_THREADS threads: each write
         copies into a fresh staging buffer of the driver's, and one thread copying did ~3 GB/s."""
         order = sorted(tensors, key=lambda t: -weights[t["name"]].nbytes)
-        _in_background({i: (self._write, t, weights[t["name"]]) for i, t in enumerate(order)}, UPLOAD_THREADS)()
+        _in_background({i: (self._write_counted, t, weights[t["name"]]) for i, t in enumerate(order)}, UPLOAD_THREADS)()
+
+    def _write_counted(self, t, value):
+        self._write(t, value)
+        if self._progress is not None:
+            self._progress.tick()
 
     def _write(self, t, value):
         arr = np.ascontiguousarray(value, dtype=DTYPES[t["dtype"]])

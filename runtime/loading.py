@@ -1,0 +1,59 @@
+"""A Session made on a thread of its own (Session.load_in_background), so that a game's frames
+go on while the driver compiles: a first launch of ResNet-50's training package compiles for
+about a second on 16 cores, which made in the render loop is a second-long frame."""
+from __future__ import annotations
+
+import os
+import threading
+
+from .threads import OnThread
+
+# cores a background load leaves to the host (its render and game threads). H200 host, 16
+# cores, a 60 Hz loop of small GPU round trips during a first launch of ResNet-50's training
+# package: 16 compile threads load in 1.1-1.2 s, frames' worst 72-177 ms; 12 threads 1.24-1.39 s,
+# worst 37-59 ms (bench/load_in_background.py, results session12-load-in-background)
+SPARE_CORES = 4
+
+
+class LoadingSession:
+    """A Session being made. Each frame: `done()` (never blocks) and `progress` (0 to 1: the
+    pipelines made and weights uploaded, for a progress bar); then `result()`, the Session, or
+    the error that stopped it (PackageError, GPUOutOfMemoryError, ...) raised in the caller."""
+
+    def __init__(self, session_class, device, package, threads: int | None, options: dict):
+        self._progress = _Progress(threads if threads is not None else max(1, (os.cpu_count() or 1) - SPARE_CORES))
+        self._made = OnThread(lambda: session_class(device, package, **options, _progress=self._progress),
+                              "meganeura-load")
+
+    def done(self) -> bool:
+        return self._made.done()
+
+    def result(self, timeout: float | None = None):
+        """The Session, once made (waiting up to `timeout` seconds, None: as long as it takes;
+        TimeoutError after that); raises what made it fail, each time asked."""
+        return self._made.wait(timeout)
+
+    @property
+    def progress(self) -> float:
+        return 1.0 if self._made.done() else self._progress.fraction()
+
+
+class _Progress:
+    """Counts what a Session's constructor has made, from its loading threads; and how many
+    threads it compiles on."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self._lock = threading.Lock()
+        self._done = self._total = 0
+
+    def expect(self, total: int) -> None:
+        self._total = total
+
+    def tick(self) -> None:
+        with self._lock:
+            self._done += 1
+
+    def fraction(self) -> float:
+        # (not 1.0 before done(): bind groups and the last waits follow the last tick)
+        return min(0.99, self._done / self._total) if self._total else 0.0

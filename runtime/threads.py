@@ -1,0 +1,94 @@
+"""Work on threads for loading: reads of a file by several threads, a call on a thread of
+its own, and a pool of callables (the compiler uses it too)."""
+from __future__ import annotations
+
+import os
+import threading
+
+
+class FileReader:
+    """Reads of an open package file; `into` reads a range by several threads into one
+    buffer: the first touch of fresh memory, not the copy out of the page cache, is what a
+    read of gigabytes pays, and threads pay it in parallel (os.preadv releases the GIL)."""
+
+    def __init__(self, f, size: int, error):
+        self.f, self.size, self.error = f, size, error  # error(message) -> the exception to raise
+
+    def bytes(self, a: int, b: int) -> bytes:
+        view = memoryview(bytearray(b - a))
+        self.into(view, a, 0, b - a)
+        return view.tobytes()
+
+    def into(self, view: memoryview, offset: int, a: int, b: int, step: int = 64 << 20) -> None:
+        """File bytes offset + a to offset + b into view[a:b], `step` bytes per thread's task."""
+        def read(a, b):
+            while a < b:
+                n = os.preadv(fd, [view[a:b]], offset + a)
+                if n <= 0:
+                    raise self.error(f"the file ended at byte {offset + a} of {self.size} while being read")
+                a += n
+        fd = self.f.fileno()
+        try:
+            if not hasattr(os, "preadv"):  # Windows: one read
+                self.f.seek(offset + a)
+                if self.f.readinto(view[a:b]) != b - a:
+                    raise self.error("the file changed size while being read")
+                return
+            run_on_threads([lambda a=a, b=b: read(a, b) for a, b in
+                            ((o, min(b, o + step)) for o in range(a, b, step))])
+        except OSError as exc:
+            raise self.error(exc.strerror or str(exc)) from None
+
+
+class OnThread:
+    """A call on a thread of its own; wait() returns its result or raises its error."""
+
+    def __init__(self, fn, name: str = "meganeura-read"):
+        self._result, self._error = None, None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name=name)
+        self._thread.start()
+
+    def _run(self, fn):
+        try:
+            self._result = fn()
+        except BaseException as exc:  # noqa: BLE001  (raised in the thread that waits)
+            self._error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None):
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"still running after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+def run_on_threads(tasks, threads: int | None = None):
+    """Run callables on `threads` threads (the caller's included; default: the cores, at
+    most 8) and re-raise the first error; a thread stops at its own. Their work must release
+    the GIL to gain (zlib, os.preadv, memmove, madvise do). The compiler uses it too."""
+    it, lock, errors = iter(tasks), threading.Lock(), []
+
+    def work():
+        while True:
+            with lock:
+                task = next(it, None)
+            if task is None:
+                return
+            try:
+                task()
+            except BaseException as exc:  # noqa: BLE001  (handed to the caller below)
+                errors.append(exc)
+                return
+    n = threads if threads is not None else min(8, os.cpu_count() or 1)
+    helpers = [threading.Thread(target=work, daemon=True) for _ in range(max(0, min(n, len(tasks)) - 1))]
+    for t in helpers:
+        t.start()
+    work()
+    for t in helpers:
+        t.join()
+    if errors:
+        raise errors[0]

@@ -1,0 +1,62 @@
+"""Session.load_in_background: a Session made on a thread of its own while the host's frames go
+on; progress for a bar, the session or its error at the end."""
+import threading
+
+import numpy as np
+import pytest
+from meganeura.compiler import Builder, TrainConfig, compile_model
+from meganeura.runtime import Package, PackageError, Session
+
+
+def _mlp(seed, width=64):
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    x = b.input("x", (4, 16))
+    h = b.relu(b.matmul(x, b.param("w1", rng.standard_normal((16, width)).astype(np.float32) / 4)))
+    b.output("y", b.matmul(h, b.param("w2", rng.standard_normal((width, 3)).astype(np.float32) / 8)))
+    return compile_model(b.build(), TrainConfig(loss="mse", optimizer="adamw", lr=0.01))
+
+
+def test_a_session_made_in_the_background_while_frames_run(device, tmp_path, monkeypatch):
+    path = tmp_path / "big.mnpk"
+    path.write_bytes(_mlp(1, width=256))
+    frame = Session(device, Package.from_bytes(_mlp(2)))  # the host's running work
+    x = np.random.default_rng(3).standard_normal((4, 16)).astype(np.float32)
+    want_frame = frame.run("infer", {"x": x})["y"]
+    gate = threading.Event()
+    real = Session._pipeline
+
+    def held(self, i, k):  # the driver "compiling" until the test lets it finish
+        assert gate.wait(60)
+        return real(self, i, k)
+    monkeypatch.setattr(Session, "_pipeline", held)
+    loading = Session.load_in_background(device, path, threads=2)
+    seen = [loading.progress]
+    for _ in range(3):  # frames go on, and their results are right, while it loads
+        np.testing.assert_array_equal(frame.run("infer", {"x": x})["y"], want_frame)
+        seen.append(loading.progress)
+    assert not loading.done() and seen[-1] < 1.0
+    with pytest.raises(TimeoutError):
+        loading.result(timeout=0.05)
+    gate.set()
+    session = loading.result(timeout=120)
+    seen.append(loading.progress)
+    assert loading.done() and seen[-1] == 1.0 and seen == sorted(seen)
+    monkeypatch.setattr(Session, "_pipeline", real)
+    np.testing.assert_array_equal(session.run("infer", {"x": x})["y"],
+                                  Session(device, Package.load(path)).run("infer", {"x": x})["y"])
+    assert np.isfinite(session.run("train_step", {"x": x, "labels": np.zeros((4, 3), np.float32)})["loss"])
+
+
+def test_a_background_load_hands_over_its_error(device, tmp_path):
+    data = bytearray(_mlp(4))
+    data[-40] ^= 0x01  # in the weights: their checksum fails
+    path = tmp_path / "bad.mnpk"
+    path.write_bytes(bytes(data))
+    loading = Session.load_in_background(device, path, threads=2)
+    for _ in range(2):  # each time asked
+        with pytest.raises(PackageError, match="damaged weights"):
+            loading.result(timeout=120)
+    assert loading.done() and loading.progress == 1.0
+    with pytest.raises(PackageError, match="cannot read package"):
+        Session.load_in_background(device, tmp_path / "missing.mnpk").result(timeout=120)

@@ -1,0 +1,72 @@
+"""A Session made from a path reads the weights while the pipelines compile (Package._open):
+the same package as Package.load's, and damage anywhere still refused before any upload."""
+import numpy as np
+import pytest
+from meganeura.compiler import Builder, compile_model
+from meganeura.runtime import Package, PackageError, Session
+from meganeura.runtime import package as package_module
+from meganeura.runtime.threads import FileReader
+
+
+@pytest.fixture(scope="module")
+def three_chunks():
+    """A package whose 36 MB weight spans three 16 MiB checksum chunks."""
+    rng = np.random.default_rng(3)
+    b = Builder()
+    x = b.input("x", (2, 3000))
+    w = (rng.standard_normal((3000, 3000)) / 50).astype(np.float32)
+    b.output("y", b.matmul(x, b.param("w", w)) + b.param("c", np.float32(0.5)))
+    return compile_model(b.build()), w
+
+
+def test_a_session_from_a_path_runs_as_one_from_a_loaded_package(device, three_chunks, tmp_path, monkeypatch):
+    data, w = three_chunks
+    path = tmp_path / "p.mnpk"
+    path.write_bytes(data)
+    monkeypatch.setattr(package_module, "READ_STEP", 3 << 20)  # several reads on threads per part
+    x = np.random.default_rng(4).standard_normal((2, 3000)).astype(np.float32)
+    from_path = Session(device, path)
+    assert from_path.package.manifest == Package.from_bytes(data).manifest
+    assert not from_path.package.weights["w"].flags.writeable
+    np.testing.assert_array_equal(from_path.package.weights["w"], Package.load(path).weights["w"])
+    assert from_path.package.weights["c"].shape == ()  # safetensors' [1] as the manifest's scalar
+    got = from_path.run("infer", {"x": x})["y"]
+    want = Session(device, Package.load(path)).run("infer", {"x": x})["y"]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, x.astype(np.float64) @ w.astype(np.float64) + 0.5, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("where", ["header chunk", "last chunk"])
+def test_damaged_weights_are_refused_from_a_path(device, three_chunks, tmp_path, where):
+    data, _ = three_chunks
+    damaged = bytearray(data)
+    man_len = int.from_bytes(data[12:20], "little")
+    damaged[28 + man_len + 100 if where == "header chunk" else -32 - 1000] ^= 0x10
+    path = tmp_path / "p.mnpk"
+    path.write_bytes(bytes(damaged))
+    if where == "header chunk":  # the weights' layout is read first: refused before anything starts
+        with pytest.raises(PackageError, match=r"damaged weights: bytes 0-16777216 of the weights blob"):
+            Package._open(path)
+    else:  # read on a thread: the Session waits for it before its first upload, and refuses it
+        with pytest.raises(PackageError, match=r"damaged weights: bytes 33554432-\d+ of the weights blob"):
+            Session(device, path)
+    with pytest.raises(PackageError, match="damaged weights"):
+        Package.load(path)
+
+
+def test_a_file_cut_short_while_read_is_named(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 5000)
+    view = memoryview(bytearray(8000))
+    with open(path, "rb") as f:
+        reader = FileReader(f, 8000, lambda why: PackageError(f"cannot read package f: {why}"))
+        # (the three reads past the end run on threads: whichever fails first is named)
+        with pytest.raises(PackageError, match="the file ended at byte [567]000 of 8000 while being read"):
+            reader.into(view, 0, 0, 8000, step=1000)
+        reader.into(view, 1000, 0, 4000, step=999)
+    assert bytes(view[:4000]) == b"x" * 4000
+
+
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(PackageError, match="cannot read package"):
+        Session(None, tmp_path / "nothing.mnpk")
