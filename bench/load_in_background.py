@@ -95,7 +95,8 @@ def main(argv=None):
         session.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"load_in_background_{args.mode}_{threads}_{session_module.UPLOAD_THREADS}_{args.switch_interval}.json").write_text(json.dumps(rows, indent=1))
+    slug = "-".join("".join(c for c in o if c.isalnum()) for o in (args.only or ["all"]))
+    (out / f"load_in_background_{slug}_{args.mode}_{threads}_{session_module.UPLOAD_THREADS}_{args.switch_interval}.json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -47,8 +47,15 @@ def parse_args(argv=None, frames=120):
 def main(argv=None):
     args = parse_args(argv)
     host = OffscreenHost((320, 240))
-    session = Session(host.device, colour_model())
+    loading = Session.load_in_background(host.device, colour_model())  # the driver compiles on threads
     scene = PatternScene(host.device, (128, 128))
+    loading_frames = 0
+    while not loading.done():  # meanwhile the game's frames go on (a real one would draw loading.progress)
+        enc = host.device.create_command_encoder()
+        scene.draw(enc, loading_frames / 60)
+        host.device.queue.submit([enc.finish()])
+        loading_frames += 1
+    session = loading.result()  # the Session, or the error that stopped it
     feed = TextureInput(session, scene.texture, size=(H, W))
     overlay = TensorOverlay(session, "logits", size=(H, W))
     sched = FrameScheduler(session, args.budget, before=[feed], after=[overlay], trace=args.trace)
@@ -65,7 +72,7 @@ def main(argv=None):
         from PIL import Image
 
         Image.fromarray(read_texture(host.device, host.texture())).save(args.png)
-    print("offscreen:", sched.summary())
+    print(f"offscreen: {loading_frames} frames drawn while the model loaded;", sched.summary())
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ go on while the driver compiles: a first launch of ResNet-50's training package 
 about a second on 16 cores, which made in the render loop is a second-long frame."""
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 
@@ -10,17 +11,25 @@ from .threads import OnThread
 
 # cores a background load leaves to the host (its render and game threads). H200 host, 16
 # cores, a 60 Hz loop of small GPU round trips during a first launch of ResNet-50's training
-# package: 16 compile threads load in 1.1-1.2 s, frames' worst 72-177 ms; 12 threads 1.24-1.39 s,
-# worst 37-59 ms (bench/load_in_background.py, results session12-load-in-background)
+# package: 16 compile threads loaded it in 1.12-1.20 s with the worst frame 96-177 ms; 12
+# threads in 1.24-1.39 s, worst 36-59 ms (bench/load_in_background.py, four runs; results
+# session12-load-in-background.json)
 SPARE_CORES = 4
 
 
 class LoadingSession:
     """A Session being made. Each frame: `done()` (never blocks) and `progress` (0 to 1: the
     pipelines made and weights uploaded, for a progress bar); then `result()`, the Session, or
-    the error that stopped it (PackageError, GPUOutOfMemoryError, ...) raised in the caller."""
+    the error that stopped it (PackageError, GPUOutOfMemoryError, ...) raised in the caller.
+    Its thread is a daemon: a host that exits while it loads should call result() first (the
+    driver would be stopped mid-compile)."""
 
     def __init__(self, session_class, device, package, threads: int | None, options: dict):
+        inspect.signature(session_class).bind(device, package, **options)  # a wrong argument: now, not at result()
+        if device is None:  # wgpu's shared default device made on the host's thread, as Session(None, ...) would
+            from .device import default_device
+
+            device = default_device()
         self._progress = _Progress(threads if threads is not None else max(1, (os.cpu_count() or 1) - SPARE_CORES))
         self._made = OnThread(lambda: session_class(device, package, **options, _progress=self._progress),
                               "meganeura-load")

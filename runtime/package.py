@@ -16,13 +16,14 @@ import json
 import math
 import os
 import struct
+import threading
 import zlib
 from contextlib import contextmanager
 
 import msgpack
 import numpy as np
 
-from .threads import FileReader, OnThread, run_on_threads  # noqa: F401  (run_on_threads: the compiler's too)
+from .threads import FileReader, OnThread, run_on_threads
 from .workgroup_memory import workgroup_bytes  # noqa: F401  (the Session and tests import it from here)
 
 MAGIC = b"MNPK\r\n\x1a\n"
@@ -84,17 +85,25 @@ class Package:
     def __init__(self, manifest: dict, weights: dict, raw_size: int = 0):
         self.manifest = manifest
         self._weights = weights
-        self._reading = None  # a _Reading while a file's weights are still read and checked
+        self._reading = None  # an OnThread while a file's weights are still read and checked
+        self._cancel = None  # set: that read stops
         self.raw_size = raw_size
 
     @property
     def weights(self) -> dict:
         """name -> read-only ndarray (params and non-zero initial state); for a package still
         being read (a Session made from a path), waits for its bytes and their checksums."""
-        if self._reading is not None:
-            self._weights = self._reading.wait()  # raises PackageError for damaged weights, each time asked
+        reading = self._reading
+        if reading is not None:
+            self._weights = reading.wait()  # raises PackageError for damaged weights, each time asked
             self._reading = None
         return self._weights
+
+    def _abandon(self) -> None:
+        """Stop reading a file's weights that nobody will upload (a Session that failed to load)."""
+        if self._reading is not None:
+            self._cancel.set()
+            self._reading.join()
 
     @classmethod
     def load(cls, path) -> Package:
@@ -117,21 +126,25 @@ class Package:
             read = FileReader(f, size, lambda why: PackageError(f"cannot read package {path}: {why}"))
             manifest, start, end = _head(read.bytes, size)
             ck = manifest["blob_checksum"]
-            blob = memoryview(np.empty(end - start, np.uint8))  # untouched pages (FileReader says why)
+            try:
+                blob = memoryview(np.empty(end - start, np.uint8))  # untouched pages (FileReader says why)
+            except MemoryError:
+                raise PackageError(f"package {path}: {end - start} bytes of weights do not fit in memory") from None
             # the safetensors header, and the chunks holding it, first: its offsets are checked now
             n = struct.unpack("<Q", read.bytes(start, start + 8))[0] if end - start >= 8 else 0
             head = min(len(blob), -(-min(8 + n, len(blob)) // ck["chunk_bytes"]) * ck["chunk_bytes"])
-            read.into(blob, start, 0, head, READ_STEP)
+            read.into(blob, start, 0, head, READ_STEP)  # (the length's 8 bytes read twice: no matter)
             _check_blob(blob, ck, 0, head)
             layout = _weights_layout(blob[:head], len(blob), manifest)
         except BaseException:
             f.close()
             raise
         package = cls(manifest, None, size)
+        package._cancel = cancel = threading.Event()
 
         def rest():
             with f:
-                read.into(blob, start, head, len(blob), READ_STEP)
+                read.into(blob, start, head, len(blob), READ_STEP, cancel)
             _check_blob(blob, ck, head, len(blob))
             return _weight_views(blob, layout)
         package._reading = OnThread(rest)
@@ -459,7 +472,7 @@ def _check_blob(blob: memoryview, ck: dict, first: int, last: int):
     if bad:
         a, b = ranges[min(bad)]
         _fail(f"damaged weights: bytes {a}-{b} of the weights blob fail their checksum "
-              f"({len(bad)} of {len(todo)} chunks damaged)")
+              f"({len(bad)} damaged of the {len(todo)} chunks checked)")
 
 
 def _weights_layout(head: memoryview, blob_len: int, m: dict) -> dict:

@@ -19,6 +19,7 @@ from .errors import DeviceLostError, GPUOutOfMemoryError
 from .lifted_sizes import alignment, layout, manifest_values, sizes_buffer, slice_bytes
 from .loading import LoadingSession
 from .package import DTYPES, F16_MAX, Package, PackageError, workgroup_bytes
+from .threads import in_background
 
 # threads writing the weights at load (each write copies into a staging buffer of the driver's).
 # H200, 1 / 4 / 8 threads: SD-1.5 warm 1.74 / 1.33 / 1.21 s but cold 2.57 / 2.60 / 2.68 s (beside
@@ -39,30 +40,40 @@ class Session:
     def __init__(self, device, package, device_class: str | None = None, memory_limit: int | None = None,
                  shader_checks: bool = True, _progress=None):
         """`package`: a Package, or a .mnpk file's path (the fastest first launch: its weights
-        are read while the driver compiles the pipelines). `device_class` ("gpu" or "cpu") overrides which kernel variants run; by default
-        CPU rasterisers (lavapipe) get the CPU ones. `memory_limit` (bytes) refuses a
-        package whose buffers need more, before anything is allocated. `shader_checks=False`
+        are read while the driver compiles the pipelines). `device_class` ("gpu" or "cpu")
+        overrides which kernel variants run; by default CPU rasterisers (lavapipe) get the CPU
+        ones. `memory_limit` (bytes) refuses a package whose buffers need more, before anything
+        is allocated. `shader_checks=False`
         has the WGSL compiler leave out the checks it adds to every kernel (indices into
         buffers and arrays clamped, loops bounded): 8-20% faster on the H200, and only for
         packages you compiled yourself. WGSL is still validated, but a package from
         elsewhere could then read or write past its bindings (into neighbouring tensors, or
         further where the driver has no robust buffer access), past its workgroup memory,
         or loop until the driver resets the GPU."""
-        import wgpu
-
-        if isinstance(package, (str, os.PathLike)):  # its weights read (and checked) while the pipelines compile
+        if device_class not in (None, "cpu", "gpu"):
+            raise ValueError(f"device_class {device_class!r}: use 'cpu' or 'gpu'")
+        opened = isinstance(package, (str, os.PathLike))
+        if opened:  # its weights read (and checked) while the pipelines compile
             package = Package._open(package)
         if not isinstance(package, Package):
             raise TypeError("Session(device, package): package is a Package or a path to a .mnpk file")
-        self.package = pkg = package
+        try:
+            self._load(package, device, device_class, memory_limit, shader_checks, _progress)
+        except BaseException:
+            if opened:  # nobody will upload its weights: their read stops
+                package._abandon()
+            raise
+
+    def _load(self, pkg, device, device_class, memory_limit, shader_checks, _progress):
+        import wgpu
+
+        self.package = pkg
         self.device = device if device is not None else default_device()
         self._wgpu = wgpu
         self.lost = self.closed = False
         self._device_class_arg, self.memory_limit = device_class, memory_limit
         self.shader_checks = shader_checks
         self._progress = _progress  # a LoadingSession's count of pipelines made and weights uploaded
-        if device_class not in (None, "cpu", "gpu"):
-            raise ValueError(f"device_class {device_class!r}: use 'cpu' or 'gpu'")
         m = pkg.manifest
         self._check_device(m)  # every size against the device before any allocation
         self.tensors = m["tensors"]
@@ -88,8 +99,9 @@ class Session:
             self._layout(k)  # shared by kernels: made here, not in the threads
         # the longest kernels first (their WGSL's length: NVIDIA took 100-240 ms on the 8x8-per-thread
         # GEMMs, ~12 on most), so that no long compile starts last and holds up the load alone
+        threads = None if _progress is None else min(_progress.threads, LOAD_THREADS)  # (a background load's)
         pipelines = _in_background({i: (self._pipeline, i, k) for i, k in sorted(todo, key=lambda ik: -len(ik[1]["wgsl"]))},
-                                   None if _progress is None else min(_progress.threads, LOAD_THREADS))
+                                   threads)
         groups = None
         try:
             self.buffers = self._allocate(m["buffers"])
@@ -99,7 +111,7 @@ class Session:
             for name, steps in chosen.items():
                 for j, (_, key) in enumerate(steps):
                     binds.setdefault(key, (self._bind_group, name, j, *key))
-            groups = _in_background(binds)
+            groups = _in_background(binds, threads)
             with self._gpu("uploading the weights"):
                 self._upload(uploads, pkg.weights)
         except BaseException:
@@ -531,33 +543,9 @@ def _fits(t, v):
 
 
 def _in_background(calls: dict, threads: int | None = None):
-    """Start key -> (fn, *args) calls on up to `threads` threads (default: LOAD_THREADS, or this
-    one for 8 calls or fewer), in the dict's order; returns finish(quiet=False) -> key -> result,
-    which waits for them and raises the error of the first call (in that order) that failed;
-    quiet: cancels what has not started and returns nothing. Drivers compile pipelines on the
-    calling thread and allow several at once (NVIDIA: ~15 ms each, cold; lavapipe, 2 cores:
-    DINOv2's 118 kernels 0.40 -> 0.20 s on threads)."""
-    threads = threads if threads is not None else LOAD_THREADS if len(calls) > 8 else 1
-    workers = min(threads, os.cpu_count() or 1, len(calls))
-    if workers <= 1:
-        return lambda quiet=False: {} if quiet else {key: fn(*args) for key, (fn, *args) in calls.items()}
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="meganeura-load")
-    futures = {key: pool.submit(fn, *args) for key, (fn, *args) in calls.items()}
-
-    def finish(quiet=False):
-        if quiet:
-            pool.shutdown(wait=True, cancel_futures=True)
-            return {}
-        try:  # in order; at the first error (or an interrupt) what has not started is cancelled
-            out = {key: f.result() for key, f in futures.items()}
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        pool.shutdown(wait=True)
-        return out
-    return finish
+    """threads.in_background on `threads` threads (default: LOAD_THREADS, or this one, when
+    asked, for 8 calls or fewer)."""
+    return in_background(calls, threads if threads is not None else LOAD_THREADS if len(calls) > 8 else 0)
 
 
 def _variant(d: dict, device_class: str) -> dict:

@@ -8,6 +8,7 @@ def test_offscreen_example(tmp_path):
     out = run_example("offscreen.py", "--frames", "30", "--trace", str(tmp_path / "t.json"),
                       "--png", str(tmp_path / "f.png"))
     assert "'frames': 30" in out and "'timestamps': True" in out
+    assert "frames drawn while the model loaded" in out  # (loaded by Session.load_in_background)
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert (tmp_path / "f.png").stat().st_size > 0
 

@@ -31,14 +31,16 @@ def test_a_session_made_in_the_background_while_frames_run(device, tmp_path, mon
         return real(self, i, k)
     monkeypatch.setattr(Session, "_pipeline", held)
     loading = Session.load_in_background(device, path, threads=2)
-    seen = [loading.progress]
-    for _ in range(3):  # frames go on, and their results are right, while it loads
-        np.testing.assert_array_equal(frame.run("infer", {"x": x})["y"], want_frame)
-        seen.append(loading.progress)
-    assert not loading.done() and seen[-1] < 1.0
-    with pytest.raises(TimeoutError):
-        loading.result(timeout=0.05)
-    gate.set()
+    try:
+        seen = [loading.progress]
+        for _ in range(3):  # frames go on, and their results are right, while it loads
+            np.testing.assert_array_equal(frame.run("infer", {"x": x})["y"], want_frame)
+            seen.append(loading.progress)
+        assert not loading.done() and seen[-1] < 1.0
+        with pytest.raises(TimeoutError):
+            loading.result(timeout=0.05)
+    finally:
+        gate.set()
     session = loading.result(timeout=120)
     seen.append(loading.progress)
     assert loading.done() and seen[-1] == 1.0 and seen == sorted(seen)
@@ -48,9 +50,12 @@ def test_a_session_made_in_the_background_while_frames_run(device, tmp_path, mon
     assert np.isfinite(session.run("train_step", {"x": x, "labels": np.zeros((4, 3), np.float32)})["loss"])
 
 
-def test_a_background_load_hands_over_its_error(device, tmp_path):
+def test_a_background_load_hands_over_its_error(device, tmp_path, monkeypatch):
+    from meganeura.compiler import blob
+
+    monkeypatch.setattr(blob, "CHUNK", 1024)  # many checksum chunks: the last is read on a thread
     data = bytearray(_mlp(4))
-    data[-40] ^= 0x01  # in the weights: their checksum fails
+    data[-40] ^= 0x01  # in the weights' last chunk: their checksum fails
     path = tmp_path / "bad.mnpk"
     path.write_bytes(bytes(data))
     loading = Session.load_in_background(device, path, threads=2)
@@ -60,3 +65,25 @@ def test_a_background_load_hands_over_its_error(device, tmp_path):
     assert loading.done() and loading.progress == 1.0
     with pytest.raises(PackageError, match="cannot read package"):
         Session.load_in_background(device, tmp_path / "missing.mnpk").result(timeout=120)
+    with pytest.raises(TypeError):  # a wrong argument is the caller's error, at once
+        Session.load_in_background(device, path, shader_check=False)
+
+
+def test_a_session_that_fails_stops_reading_its_file(device, tmp_path, monkeypatch):
+    import time
+
+    from meganeura.runtime import package as package_module
+    from meganeura.runtime import threads as threads_module
+
+    from meganeura.compiler import blob
+
+    monkeypatch.setattr(blob, "CHUNK", 1024)  # the head is one chunk: the rest is read on a thread
+    path = tmp_path / "p.mnpk"
+    path.write_bytes(_mlp(5, width=512))
+    monkeypatch.setattr(package_module, "READ_STEP", 512)
+    real = threads_module.os.preadv
+    monkeypatch.setattr(threads_module.os, "preadv", lambda *a: time.sleep(0.01) or real(*a))  # a slow disk
+    for bad in ({"memory_limit": 1024}, {"device_class": "tpu"}):
+        with pytest.raises((ValueError, MemoryError)):
+            Session(device, path, **bad)
+        assert not [t for t in threading.enumerate() if t.name == "meganeura-read"]

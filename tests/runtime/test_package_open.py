@@ -70,3 +70,44 @@ def test_a_file_cut_short_while_read_is_named(tmp_path):
 def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(PackageError, match="cannot read package"):
         Session(None, tmp_path / "nothing.mnpk")
+
+
+def test_a_file_and_its_bytes_are_judged_alike(tmp_path, monkeypatch):
+    """Package.load (head checked, the rest read on a thread) against from_bytes (all at once),
+    over random damage to a package of 1 KiB checksum chunks whose weights' header spans several."""
+    import random
+
+    from meganeura.compiler import blob
+
+    monkeypatch.setattr(blob, "CHUNK", 1024)
+    rng = np.random.default_rng(6)
+    b = Builder()
+    x = b.input("x", (1, 8))
+    for i in range(40):  # a header of 40 entries, over 1 KiB
+        x = b.relu(b.matmul(x, b.param(f"layer_{i:02d}.weight", rng.standard_normal((8, 8)).astype(np.float32))))
+    b.output("y", x)
+    good = compile_model(b.build())
+    man_len = int.from_bytes(good[12:20], "little")
+    header = int.from_bytes(good[28 + man_len:36 + man_len], "little")
+    assert header > 1024 and len(good) - 28 - man_len - 32 > 4 * 1024
+    path = tmp_path / "p.mnpk"
+    pick = random.Random(7)
+    outcomes = set()
+    for case in range(150):
+        data = bytearray(good)
+        for _ in range(pick.choice((1, 1, 3))):
+            data[pick.randrange(28 + man_len, len(data) - 32)] ^= 1 << pick.randrange(8)  # in the weights blob
+        path.write_bytes(bytes(data))
+        results = []
+        for load in (lambda: Package.from_bytes(bytes(data)), lambda: Package.load(path)):
+            try:
+                results.append(load().weights)
+            except PackageError:
+                results.append(None)
+        assert (results[0] is None) == (results[1] is None), case
+        if results[0] is not None:
+            for name, value in results[0].items():
+                np.testing.assert_array_equal(results[1][name], value)
+        outcomes.add(results[0] is None)
+    assert outcomes == {True}  # (every flip in the blob is caught, by its layout or its checksums)
+
