@@ -95,7 +95,7 @@ def main(argv=None):
         session.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    slug = "-".join("".join(c for c in o if c.isalnum()) for o in (args.only or ["all"]))
+    slug = "-".join("".join(c for c in o if c.isalnum()) for o in (args.only or ["all"])) + time.strftime("-%H%M%S")
     (out / f"load_in_background_{slug}_{args.mode}_{threads}_{session_module.UPLOAD_THREADS}_{args.switch_interval}.json").write_text(json.dumps(rows, indent=1))
 
 

@@ -11,9 +11,9 @@ from .threads import OnThread
 
 # cores a background load leaves to the host (its render and game threads). H200 host, 16
 # cores, a 60 Hz loop of small GPU round trips during a first launch of ResNet-50's training
-# package: 16 compile threads loaded it in 1.12-1.20 s with the worst frame 96-177 ms; 12
-# threads in 1.24-1.39 s, worst 36-59 ms (bench/load_in_background.py, four runs; results
-# session12-load-in-background.json)
+# package: 16 compile threads loaded it in 1.12-1.20 s with the worst frame 96-177 ms (two
+# runs); 12 threads in 1.17-1.39 s, worst 36-59 ms (six runs; bench/load_in_background.py,
+# results session12-load-in-background.json)
 SPARE_CORES = 4
 
 
