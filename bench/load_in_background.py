@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -38,12 +37,12 @@ def main(argv=None):
     from meganeura.runtime import session as session_module
     from meganeura.runtime.device import default_device
 
-    from meganeura.runtime import loading
+    from meganeura.runtime.loading import default_threads
 
     if args.threads is not None and args.mode == "blocking":
         session_module.LOAD_THREADS = args.threads
     threads = session_module.LOAD_THREADS if args.mode == "blocking" else min(
-        session_module.LOAD_THREADS, args.threads or max(1, (os.cpu_count() or 1) - loading.SPARE_CORES))
+        session_module.LOAD_THREADS, args.threads or default_threads())
     if args.upload_threads is not None:
         session_module.UPLOAD_THREADS = args.upload_threads
     if args.switch_interval is not None:
@@ -72,15 +71,15 @@ def main(argv=None):
             frame()
             works.append(time.perf_counter() - t)
         else:
-            loading = Session.load_in_background(dev, path, threads=threads)
-            while not loading.done():
+            pending = Session.load_in_background(dev, path, threads=threads)
+            while not pending.done():
                 start = time.perf_counter() - t0
                 w = frame()
                 works.append(w)
-                progress.append(round(loading.progress, 3))
+                progress.append(round(pending.progress, 3))
                 frames.append((round(start * 1e3, 1), round(w * 1e3, 2), progress[-1]))
                 time.sleep(max(0.0, period - w))
-            session = loading.result()
+            session = pending.result()
         load_s = time.perf_counter() - t0
         ms = np.array(works) * 1e3
         row = {"workload": name, "mode": args.mode, "load_threads": threads,

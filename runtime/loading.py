@@ -17,6 +17,11 @@ from .threads import OnThread
 SPARE_CORES = 4
 
 
+def default_threads() -> int:
+    """Compile threads of a background load: the cores less SPARE_CORES (at least one)."""
+    return max(1, (os.cpu_count() or 1) - SPARE_CORES)
+
+
 class LoadingSession:
     """A Session being made. Each frame: `done()` (never blocks) and `progress` (0 to 1: the
     pipelines made and weights uploaded, for a progress bar); then `result()`, the Session, or
@@ -30,7 +35,7 @@ class LoadingSession:
             from .device import default_device
 
             device = default_device()
-        self._progress = _Progress(threads if threads is not None else max(1, (os.cpu_count() or 1) - SPARE_CORES))
+        self._progress = _Progress(threads if threads is not None else default_threads())
         self._made = OnThread(lambda: session_class(device, package, **options, _progress=self._progress),
                               "meganeura-load")
 

@@ -130,10 +130,16 @@ class Package:
                 blob = memoryview(np.empty(end - start, np.uint8))  # untouched pages (FileReader says why)
             except MemoryError:
                 raise PackageError(f"package {path}: {end - start} bytes of weights do not fit in memory") from None
-            # the safetensors header, and the chunks holding it, first: its offsets are checked now
-            n = struct.unpack("<Q", read.bytes(start, start + 8))[0] if end - start >= 8 else 0
-            head = min(len(blob), -(-min(8 + n, len(blob)) // ck["chunk_bytes"]) * ck["chunk_bytes"])
-            read.into(blob, start, 0, head, READ_STEP)  # (the length's 8 bytes read twice: no matter)
+            # the chunks holding the safetensors header first: its offsets are checked now
+            chunk = ck["chunk_bytes"]
+            head = min(len(blob), chunk)
+            read.into(blob, start, 0, head, READ_STEP)
+            if head >= 8:  # a header longer than a chunk: the chunks up to its end
+                (n,) = struct.unpack_from("<Q", blob, 0)
+                more = min(len(blob), -(-(8 + min(n, len(blob))) // chunk) * chunk)
+                if more > head:
+                    read.into(blob, start, head, more, READ_STEP)
+                    head = more
             _check_blob(blob, ck, 0, head)
             layout = _weights_layout(blob[:head], len(blob), manifest)
         except BaseException:
