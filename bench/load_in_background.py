@@ -18,6 +18,31 @@ import numpy as np
 from load_profile import compiled_packages
 
 
+PHASES = ("write_buffer", "create_command_encoder", "submit", "map_sync")
+
+
+def _time_frame_calls() -> dict:
+    """Wrap wgpu's calls a frame makes so that, on the main thread, each adds its seconds to the
+    returned dict (which frame() clears): where a slow frame waits."""
+    import threading
+
+    from wgpu.backends.wgpu_native import GPUBuffer, GPUDevice, GPUQueue
+
+    spent, main = {}, threading.main_thread()
+    for cls, name in ((GPUQueue, "write_buffer"), (GPUDevice, "create_command_encoder"),
+                      (GPUQueue, "submit"), (GPUBuffer, "map_sync")):
+        def timed(*a, _f=getattr(cls, name), _name=name, **kw):
+            if threading.current_thread() is not main:
+                return _f(*a, **kw)
+            t = time.perf_counter()
+            try:
+                return _f(*a, **kw)
+            finally:
+                spent[_name] = spent.get(_name, 0.0) + time.perf_counter() - t
+        setattr(cls, name, timed)
+    return spent
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*")
@@ -27,8 +52,12 @@ def main(argv=None):
                     help="compile threads: load_in_background's threads= (default: the cores less "
                          "loading.SPARE_CORES); with --mode blocking, session.LOAD_THREADS")
     ap.add_argument("--upload-threads", type=int, default=None, help="session.UPLOAD_THREADS (default: as set)")
-    ap.add_argument("--switch-interval", type=float, default=None,
-                    help="sys.setswitchinterval while loading (Python's default: 0.005 s)")
+    ap.add_argument("--switch-interval", default=None,
+                    help="load_in_background's switch_interval in seconds, or 'off' (None: Python's own, 5 ms); "
+                         "default: the library's (loading.SWITCH_INTERVAL)")
+    ap.add_argument("--phases", action="store_true",
+                    help="each frame's time split into its wgpu calls (write_buffer, submit, map_sync, the rest)")
+    ap.add_argument("--bind-group-threads", type=int, default=None, help="session.BIND_GROUP_THREADS (default: as set)")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
     from meganeura.compiler import compile_model
@@ -45,18 +74,24 @@ def main(argv=None):
         session_module.LOAD_THREADS, args.threads or default_threads())
     if args.upload_threads is not None:
         session_module.UPLOAD_THREADS = args.upload_threads
-    if args.switch_interval is not None:
-        import sys
+    if args.bind_group_threads is not None:
+        session_module.BIND_GROUP_THREADS = args.bind_group_threads
+    from meganeura.runtime.loading import SWITCH_INTERVAL
 
-        sys.setswitchinterval(args.switch_interval)
+    switch = SWITCH_INTERVAL if args.switch_interval is None else \
+        None if args.switch_interval == "off" else float(args.switch_interval)
 
     dev = default_device()
     frame_session = Session(dev, Package.from_bytes(compile_model(mlp.mlp([64, 128, 10], batch=64))))
     x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
     period = 1.0 / args.hz
 
+    phases = _time_frame_calls() if args.phases else None
+
     def frame():
         t = time.perf_counter()
+        if phases is not None:
+            phases.clear()
         frame_session.run("infer", {"x": x})
         return time.perf_counter() - t
 
@@ -71,31 +106,33 @@ def main(argv=None):
             frame()
             works.append(time.perf_counter() - t)
         else:
-            pending = Session.load_in_background(dev, path, threads=threads)
+            pending = Session.load_in_background(dev, path, threads=threads, switch_interval=switch)
             while not pending.done():
                 start = time.perf_counter() - t0
                 w = frame()
                 works.append(w)
                 progress.append(round(pending.progress, 3))
-                frames.append((round(start * 1e3, 1), round(w * 1e3, 2), progress[-1]))
+                frames.append((round(start * 1e3, 1), round(w * 1e3, 2), progress[-1])
+                              + ((tuple(round(1e3 * phases.get(k, 0.0), 2) for k in PHASES),) if phases is not None else ()))
                 time.sleep(max(0.0, period - w))
             session = pending.result()
         load_s = time.perf_counter() - t0
         ms = np.array(works) * 1e3
         row = {"workload": name, "mode": args.mode, "load_threads": threads,
-               "upload_threads": session_module.UPLOAD_THREADS, "switch_interval": args.switch_interval, "load_s": load_s, "frames_during_load": len(works),
+               "upload_threads": session_module.UPLOAD_THREADS, "bind_group_threads": session_module.BIND_GROUP_THREADS, "switch_interval": switch if args.mode == "background" else None, "load_s": load_s, "frames_during_load": len(works),
                "frame_ms_before_p50": float(np.median(before) * 1e3),
                "frame_ms_p50": float(np.median(ms)), "frame_ms_p99": float(np.percentile(ms, 99)),
                "frame_ms_max": float(ms.max()), "frames_over_period": int((ms > period * 1e3).sum()),
                "progress_samples": progress[:: max(1, len(progress) // 20)], "kernels": len(session.kernels),
-               "frames": frames}  # (ms since the load began, the frame's ms, progress after it)
+               "frames": frames,  # (ms since the load began, the frame's ms, progress after it[, ms per PHASES])
+               **({"phases": PHASES} if phases is not None else {})}
         print(json.dumps({k: v for k, v in row.items() if k != "frames"}), flush=True)
         rows.append(row)
         session.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     slug = "-".join("".join(c for c in o if c.isalnum()) for o in (args.only or ["all"])) + time.strftime("-%H%M%S")
-    (out / f"load_in_background_{slug}_{args.mode}_{threads}_{session_module.UPLOAD_THREADS}_{args.switch_interval}.json").write_text(json.dumps(rows, indent=1))
+    (out / f"load_in_background_{slug}_{args.mode}_{threads}_{session_module.UPLOAD_THREADS}_{switch}.json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

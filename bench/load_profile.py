@@ -77,6 +77,7 @@ def main(argv=None):
                     help="GEMM_PLAN settings for the compile, e.g. k_unroll_long=2")
     ap.add_argument("--from-path", action="store_true",
                     help="the first Session made from the file (read while it compiles; session_s includes it)")
+    ap.add_argument("--bind-group-threads", type=int, default=None, help="session.BIND_GROUP_THREADS (default: as set)")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
     from meganeura.compiler import lift_sizes
@@ -96,6 +97,8 @@ def main(argv=None):
     dev = default_device()
     if args.upload_threads is not None:
         session_module.UPLOAD_THREADS = args.upload_threads
+    if args.bind_group_threads is not None:
+        session_module.BIND_GROUP_THREADS = args.bind_group_threads
     # (_upload, not _write: the writes run on threads, and their sum is no time anyone waits)
     originals = {k: getattr(Session, k) for k in ("_allocate", "_upload", "_pipeline", "_bind_group")}
     rows = []
@@ -116,7 +119,7 @@ def main(argv=None):
                 kernels = len(s.kernels)
                 per_kernel = sorted(acc.get("_pipeline", []))
                 row = {"workload": name, "lift_sizes": lift_sizes.ENABLED, "threads": threads, "plan": args.plan, "from_path": args.from_path and attempt == "first", "checks": not args.unchecked, "device_class": s.device_class,
-                       "upload_threads": session_module.UPLOAD_THREADS,
+                       "upload_threads": session_module.UPLOAD_THREADS, "bind_group_threads": session_module.BIND_GROUP_THREADS,
                        "attempt": attempt,
                        "package_mb": pkg.raw_size / 2**20, "kernels": kernels,
                        "dispatches": sum(len(p) for p in s.programs.values()),

@@ -73,6 +73,7 @@ def main(argv=None):
     ap.add_argument("--plan", nargs="*", default=[], metavar="KEY=INT",
                     help="codegen_gemm.GEMM_PLAN settings to compile with (e.g. k_unroll=1 store4=0)")
     ap.add_argument("--no-lift-sizes", action="store_true", help="each size variant a kernel of its own")
+    ap.add_argument("--checked-only", action="store_true", help="each kernel once, as a Session makes it (no probes)")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
     from meganeura.compiler import lift_sizes
@@ -106,8 +107,9 @@ def main(argv=None):
         for i in used:
             k = m["kernels"][i]
             row = {"label": k["label"], "kind": _kind(k["wgsl"]), "chars": len(k["wgsl"]),
-                   "checked_ms": made(k["wgsl"], True), "unchecked_ms": made(k["wgsl"], False)}
-            for probe, transform in PROBES.items():
+                   "checked_ms": made(k["wgsl"], True),
+                   "unchecked_ms": float("nan") if args.checked_only else made(k["wgsl"], False)}
+            for probe, transform in ({} if args.checked_only else PROBES).items():
                 text = transform(k["wgsl"], i)
                 if text is not None:
                     row[f"{probe}_checked_ms"] = made(text, True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import threading
 
 from .threads import OnThread
@@ -13,8 +14,16 @@ from .threads import OnThread
 # cores, a 60 Hz loop of small GPU round trips during a first launch of ResNet-50's training
 # package: 16 compile threads loaded it in 1.12-1.20 s with the worst frame 96-177 ms (two
 # runs); 12 threads in 1.17-1.39 s, worst 36-59 ms (six runs; bench/load_in_background.py,
-# results session12-load-in-background.json)
+# results session12-load-in-background.json; bind groups then made on the compile threads too)
 SPARE_CORES = 4
+# Python's thread switch interval while background loads run (restored when the last one ends):
+# a host thread calling into wgpu waits, after each call, for the loading threads' Python to
+# hand the interpreter back, up to the interval each time. H200, the worst frame of a 60 Hz loop
+# (~25 wgpu calls a frame) during first launches, bind groups on one thread: SmolLM2 48-65 ms at
+# Python's 5 ms (three runs) against 22-78, median 40, at 0.5 ms (five); DINOv2 11-21 against
+# 9-28 (median 11); ResNet-50 18-35 against 18-22; loads no slower (session13 results)
+SWITCH_INTERVAL = 0.0005
+_switch = {"lock": threading.Lock(), "loads": 0, "saved": None}
 
 
 def default_threads() -> int:
@@ -29,15 +38,31 @@ class LoadingSession:
     Its thread is a daemon: a host that exits while it loads should call result() first (the
     driver would be stopped mid-compile)."""
 
-    def __init__(self, session_class, device, package, threads: int | None, options: dict):
+    def __init__(self, session_class, device, package, threads: int | None, options: dict,
+                 switch_interval: float | None = SWITCH_INTERVAL):
         inspect.signature(session_class).bind(device, package, **options)  # a wrong argument: now, not at result()
+        if switch_interval is not None and not switch_interval > 0:
+            raise ValueError(f"switch_interval must be a positive number of seconds or None; got {switch_interval!r}")
         if device is None:  # wgpu's shared default device made on the host's thread, as Session(None, ...) would
             from .device import default_device
 
             device = default_device()
         self._progress = _Progress(threads if threads is not None else default_threads())
-        self._made = OnThread(lambda: session_class(device, package, **options, _progress=self._progress),
-                              "meganeura-load")
+
+        def make():
+            try:
+                return session_class(device, package, **options, _progress=self._progress)
+            finally:
+                if switch_interval is not None:
+                    _switch_back()
+        if switch_interval is not None:
+            _switch_sooner(switch_interval)
+        try:
+            self._made = OnThread(make, "meganeura-load")
+        except BaseException:
+            if switch_interval is not None:
+                _switch_back()
+            raise
 
     def done(self) -> bool:
         return self._made.done()
@@ -50,6 +75,23 @@ class LoadingSession:
     @property
     def progress(self) -> float:
         return 1.0 if self._made.done() else self._progress.fraction()
+
+
+def _switch_sooner(interval: float) -> None:
+    """Python's switch interval at most `interval` while this load runs (see SWITCH_INTERVAL)."""
+    with _switch["lock"]:
+        if _switch["loads"] == 0:
+            _switch["saved"] = sys.getswitchinterval()
+        _switch["loads"] += 1
+        sys.setswitchinterval(min(interval, sys.getswitchinterval()))
+
+
+def _switch_back() -> None:
+    """The switch interval the first of the running loads found, once the last one ends."""
+    with _switch["lock"]:
+        _switch["loads"] -= 1
+        if _switch["loads"] == 0:
+            sys.setswitchinterval(_switch["saved"])
 
 
 class _Progress:

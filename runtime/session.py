@@ -17,7 +17,7 @@ from .checkpoint import safetensors_bytes, write_atomic
 from .device import default_device, fresh_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
 from .lifted_sizes import alignment, layout, manifest_values, sizes_buffer, slice_bytes
-from .loading import LoadingSession
+from .loading import SWITCH_INTERVAL, LoadingSession
 from .package import DTYPES, F16_MAX, Package, PackageError, workgroup_bytes
 from .threads import in_background
 
@@ -25,7 +25,11 @@ from .threads import in_background
 # H200, 1 / 4 / 8 threads: SD-1.5 warm 1.74 / 1.33 / 1.21 s but cold 2.57 / 2.60 / 2.68 s (beside
 # the pipeline compiles), SmolLM2 cold 0.52 / 0.42 / 0.46 s, ResNet-50 cold 1.23 / 1.13 / 1.19 s
 UPLOAD_THREADS = 4
-LOAD_THREADS = 16  # most threads per pool at load: pipelines (NVIDIA: ~15 ms of driver time each, cold), bind groups
+# bind groups are made on one thread beside the pipelines' (their making is Python, bound by the
+# GIL: more threads only queue for it, and a game's frame queues behind them; H200, ResNet-50's
+# background load: worst frame 48-50 -> 22-24 ms, blocking loads no slower)
+BIND_GROUP_THREADS = 1
+LOAD_THREADS = 16  # most threads compiling pipelines at load (NVIDIA: ~15 ms of driver time each, cold)
 SKIPPED = "optimizer.skipped_steps"  # state counter of training steps rejected for NaN/inf
 
 _LIMIT_NAMES = {  # manifest name -> wgpu limit name
@@ -111,7 +115,7 @@ class Session:
             for name, steps in chosen.items():
                 for j, (_, key) in enumerate(steps):
                     binds.setdefault(key, (self._bind_group, name, j, *key))
-            groups = _in_background(binds, threads)
+            groups = in_background(binds, BIND_GROUP_THREADS)
             with self._gpu("uploading the weights"):
                 self._upload(uploads, pkg.weights)
         except BaseException:
@@ -137,12 +141,16 @@ class Session:
         self._skip_counter = pkg.tensor(SKIPPED, "state")  # None: compiled without the NaN guard
 
     @classmethod
-    def load_in_background(cls, device, package, threads: int | None = None, **options) -> LoadingSession:
+    def load_in_background(cls, device, package, threads: int | None = None,
+                           switch_interval: float | None = SWITCH_INTERVAL, **options) -> LoadingSession:
         """Start making a Session (the same arguments) on a thread of its own and return at
         once: the host's frames go on while the driver compiles (a first launch of a big package
         takes a second or more). Poll `.done()` and `.progress` each frame, then `.result()`.
-        `threads`: how many the driver compiles on (default: the cores less loading.SPARE_CORES)."""
-        return LoadingSession(cls, device, package, threads, options)
+        `threads`: how many the driver compiles on (default: the cores less loading.SPARE_CORES).
+        `switch_interval`: Python's thread switch interval while it loads, in seconds (default
+        0.5 ms, restored after; None leaves it alone): the host's thread then waits less for the
+        loading threads between its calls (loading.SWITCH_INTERVAL)."""
+        return LoadingSession(cls, device, package, threads, options, switch_interval)
 
     # ---------------------------------------------------------------- loading
     def _check_device(self, m):

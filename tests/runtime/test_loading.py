@@ -87,3 +87,68 @@ def test_a_session_that_fails_stops_reading_its_file(device, tmp_path, monkeypat
         with pytest.raises((ValueError, MemoryError)):
             Session(device, path, **bad)
         assert not [t for t in threading.enumerate() if t.name == "meganeura-read"]
+
+
+def test_a_background_load_shortens_pythons_switch_interval_while_it_runs(device, tmp_path, monkeypatch):
+    """The loading threads' Python hands the interpreter back to the host's thread sooner while
+    loads run (loading.SWITCH_INTERVAL), and the host's interval comes back when the last ends,
+    after an error too; a host's shorter interval stays; switch_interval=None leaves it alone."""
+    import sys
+
+    from meganeura.runtime import loading
+
+    path = tmp_path / "p.mnpk"
+    path.write_bytes(_mlp(6))
+    gate, real = threading.Event(), Session._pipeline
+
+    def held(self, i, k):
+        assert gate.wait(60)
+        return real(self, i, k)
+    monkeypatch.setattr(Session, "_pipeline", held)
+    host = sys.getswitchinterval()
+    try:
+        first, second = (Session.load_in_background(device, path, threads=1) for _ in range(2))
+        assert sys.getswitchinterval() == pytest.approx(loading.SWITCH_INTERVAL, rel=0.05)
+        gate.set()
+        first.result(timeout=120), second.result(timeout=120)
+        assert sys.getswitchinterval() == pytest.approx(host, rel=0.05)
+        gate.clear()
+        untouched = Session.load_in_background(device, path, threads=1, switch_interval=None)
+        assert sys.getswitchinterval() == pytest.approx(host, rel=0.05)
+        gate.set()
+        untouched.result(timeout=120)
+        sys.setswitchinterval(0.0001)  # a host's own, shorter: kept
+        Session.load_in_background(device, path, threads=1).result(timeout=120)
+        assert sys.getswitchinterval() == pytest.approx(0.0001, rel=0.05)  # (kept in whole microseconds)
+        sys.setswitchinterval(host)
+        failing = Session.load_in_background(device, tmp_path / "missing.mnpk", switch_interval=0.001)
+        with pytest.raises(PackageError):
+            failing.result(timeout=120)
+        assert sys.getswitchinterval() == pytest.approx(host, rel=0.05)
+        for bad in (0, -1.0, float("nan")):
+            with pytest.raises(ValueError, match="switch_interval"):
+                Session.load_in_background(device, path, switch_interval=bad)
+        assert sys.getswitchinterval() == pytest.approx(host, rel=0.05)
+    finally:
+        gate.set()
+        sys.setswitchinterval(host)
+
+
+def test_bind_groups_are_made_on_one_thread_beside_the_compiles(device, tmp_path, monkeypatch):
+    """Making bind groups is Python bound by the GIL: on many threads it only queues a host's
+    frame behind them (session.BIND_GROUP_THREADS); the pipelines still compile on several."""
+    from meganeura.runtime import session as session_module
+
+    path = tmp_path / "p.mnpk"
+    path.write_bytes(_mlp(7, width=128))
+    made = {"_bind_group": set(), "_pipeline": set()}
+    for name in made:
+        def on(self, *a, _real=getattr(Session, name), _seen=made[name]):
+            _seen.add(threading.get_ident())
+            return _real(self, *a)
+        monkeypatch.setattr(Session, name, on)
+    monkeypatch.setattr(session_module, "LOAD_THREADS", 4)
+    session = Session.load_in_background(device, path, threads=4).result(timeout=120)
+    assert len(made["_bind_group"]) == session_module.BIND_GROUP_THREADS == 1
+    assert len(made["_pipeline"]) > 1 and not made["_bind_group"] & made["_pipeline"]
+    assert np.isfinite(session.run("infer", {"x": np.ones((4, 16), np.float32)})["y"]).all()
