@@ -23,22 +23,25 @@ PHASES = ("write_buffer", "create_command_encoder", "submit", "map_sync")
 
 def _time_frame_calls() -> dict:
     """Wrap wgpu's calls a frame makes so that, on the main thread, each adds its seconds to the
-    returned dict (which frame() clears): where a slow frame waits."""
+    returned dict (which frame() clears): where a slow frame waits. Only the outermost call
+    counts (map_sync makes its own command encoder and submit: their time is map_sync's)."""
     import threading
 
     from wgpu.backends.wgpu_native import GPUBuffer, GPUDevice, GPUQueue
 
-    spent, main = {}, threading.main_thread()
+    spent, main, depth = {}, threading.main_thread(), [0]
     for cls, name in ((GPUQueue, "write_buffer"), (GPUDevice, "create_command_encoder"),
                       (GPUQueue, "submit"), (GPUBuffer, "map_sync")):
         def timed(*a, _f=getattr(cls, name), _name=name, **kw):
-            if threading.current_thread() is not main:
+            if threading.current_thread() is not main or depth[0]:
                 return _f(*a, **kw)
+            depth[0] += 1
             t = time.perf_counter()
             try:
                 return _f(*a, **kw)
             finally:
                 spent[_name] = spent.get(_name, 0.0) + time.perf_counter() - t
+                depth[0] -= 1
         setattr(cls, name, timed)
     return spent
 

@@ -19,11 +19,12 @@ SPARE_CORES = 4
 # Python's thread switch interval while background loads run (restored when the last one ends):
 # a host thread calling into wgpu waits, after each call, for the loading threads' Python to
 # hand the interpreter back, up to the interval each time. H200, the worst frame of a 60 Hz loop
-# (~25 wgpu calls a frame) during first launches, bind groups on one thread: SmolLM2 48-65 ms at
-# Python's 5 ms (three runs) against 22-78, median 40, at 0.5 ms (five); DINOv2 11-21 against
-# 9-28 (median 11); ResNet-50 18-35 against 18-22; loads no slower (session13 results)
+# (~25 wgpu calls a frame) during first launches, bind groups on one thread, at Python's 5 ms
+# against 0.5 ms: SmolLM2 48-65 ms (six runs) against 33-78, median 40 (five); DINOv2 11-21
+# (three) against 9-28, median 12 (four); ResNet-50 19-35 (six) against 19-22 (four); loads no
+# slower (bench/results session13-load-in-background.json, -experiments.json)
 SWITCH_INTERVAL = 0.0005
-_switch = {"lock": threading.Lock(), "loads": 0, "saved": None}
+_switch = {"lock": threading.Lock(), "loads": 0, "saved": None, "set": None}  # running loads, what they found and set
 
 
 def default_threads() -> int:
@@ -41,27 +42,24 @@ class LoadingSession:
     def __init__(self, session_class, device, package, threads: int | None, options: dict,
                  switch_interval: float | None = SWITCH_INTERVAL):
         inspect.signature(session_class).bind(device, package, **options)  # a wrong argument: now, not at result()
-        if switch_interval is not None and not switch_interval > 0:
-            raise ValueError(f"switch_interval must be a positive number of seconds or None; got {switch_interval!r}")
+        if switch_interval is not None and not switch_interval >= 1e-6:  # (Python keeps whole microseconds)
+            raise ValueError(f"switch_interval must be at least 1e-6 seconds, or None; got {switch_interval!r}")
         if device is None:  # wgpu's shared default device made on the host's thread, as Session(None, ...) would
             from .device import default_device
 
             device = default_device()
         self._progress = _Progress(threads if threads is not None else default_threads())
+        release = _switch_sooner(switch_interval) if switch_interval is not None else (lambda: None)
 
         def make():
             try:
                 return session_class(device, package, **options, _progress=self._progress)
             finally:
-                if switch_interval is not None:
-                    _switch_back()
-        if switch_interval is not None:
-            _switch_sooner(switch_interval)
+                release()
         try:
             self._made = OnThread(make, "meganeura-load")
         except BaseException:
-            if switch_interval is not None:
-                _switch_back()
+            release()  # (once only: the thread's own release, if it ran, made this one nothing)
             raise
 
     def done(self) -> bool:
@@ -77,21 +75,30 @@ class LoadingSession:
         return 1.0 if self._made.done() else self._progress.fraction()
 
 
-def _switch_sooner(interval: float) -> None:
-    """Python's switch interval at most `interval` while this load runs (see SWITCH_INTERVAL)."""
+def _switch_sooner(interval: float):
+    """Python's switch interval at most `interval` while this load runs (see SWITCH_INTERVAL);
+    returns the load's release, which does something only the first time it is called. When
+    the last load releases, the interval the first one found comes back, unless the host has
+    set one of its own meanwhile."""
     with _switch["lock"]:
+        now = sys.getswitchinterval()
         if _switch["loads"] == 0:
-            _switch["saved"] = sys.getswitchinterval()
+            _switch["saved"] = now
+        if interval < now:
+            sys.setswitchinterval(interval)
+        _switch["set"] = sys.getswitchinterval()
         _switch["loads"] += 1
-        sys.setswitchinterval(min(interval, sys.getswitchinterval()))
+    released = []
 
-
-def _switch_back() -> None:
-    """The switch interval the first of the running loads found, once the last one ends."""
-    with _switch["lock"]:
-        _switch["loads"] -= 1
-        if _switch["loads"] == 0:
-            sys.setswitchinterval(_switch["saved"])
+    def release():
+        with _switch["lock"]:
+            if released:
+                return
+            released.append(True)
+            _switch["loads"] -= 1
+            if _switch["loads"] == 0 and sys.getswitchinterval() == _switch["set"] and _switch["saved"] > 0:
+                sys.setswitchinterval(_switch["saved"])
+    return release
 
 
 class _Progress:

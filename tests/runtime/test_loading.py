@@ -1,5 +1,6 @@
 """Session.load_in_background: a Session made on a thread of its own while the host's frames go
 on; progress for a bar, the session or its error at the end."""
+import os
 import threading
 
 import numpy as np
@@ -92,7 +93,8 @@ def test_a_session_that_fails_stops_reading_its_file(device, tmp_path, monkeypat
 def test_a_background_load_shortens_pythons_switch_interval_while_it_runs(device, tmp_path, monkeypatch):
     """The loading threads' Python hands the interpreter back to the host's thread sooner while
     loads run (loading.SWITCH_INTERVAL), and the host's interval comes back when the last ends,
-    after an error too; a host's shorter interval stays; switch_interval=None leaves it alone."""
+    after an error too; a host's shorter interval, or one it sets during a load, stays;
+    switch_interval=None leaves it alone."""
     import sys
 
     from meganeura.runtime import loading
@@ -104,31 +106,52 @@ def test_a_background_load_shortens_pythons_switch_interval_while_it_runs(device
     def held(self, i, k):
         assert gate.wait(60)
         return real(self, i, k)
+
+    def interval(want):  # (Python keeps whole microseconds)
+        return pytest.approx(want, rel=0.05)
     monkeypatch.setattr(Session, "_pipeline", held)
     host = sys.getswitchinterval()
     try:
         first, second = (Session.load_in_background(device, path, threads=1) for _ in range(2))
-        assert sys.getswitchinterval() == pytest.approx(loading.SWITCH_INTERVAL, rel=0.05)
+        assert sys.getswitchinterval() == interval(loading.SWITCH_INTERVAL)
         gate.set()
         first.result(timeout=120), second.result(timeout=120)
-        assert sys.getswitchinterval() == pytest.approx(host, rel=0.05)
+        assert sys.getswitchinterval() == interval(host)
         gate.clear()
         untouched = Session.load_in_background(device, path, threads=1, switch_interval=None)
-        assert sys.getswitchinterval() == pytest.approx(host, rel=0.05)
+        assert sys.getswitchinterval() == interval(host)
         gate.set()
         untouched.result(timeout=120)
-        sys.setswitchinterval(0.0001)  # a host's own, shorter: kept
-        Session.load_in_background(device, path, threads=1).result(timeout=120)
-        assert sys.getswitchinterval() == pytest.approx(0.0001, rel=0.05)  # (kept in whole microseconds)
+        gate.clear()
+        sys.setswitchinterval(0.0001)  # a host's own, shorter: kept during the load and after
+        shorter = Session.load_in_background(device, path, threads=1)
+        assert sys.getswitchinterval() == interval(0.0001)
+        gate.set()
+        shorter.result(timeout=120)
+        assert sys.getswitchinterval() == interval(0.0001)
+        sys.setswitchinterval(host)
+        gate.clear()
+        changed = Session.load_in_background(device, path, threads=1)
+        sys.setswitchinterval(0.002)  # the host sets its own during the load: not undone
+        gate.set()
+        changed.result(timeout=120)
+        assert sys.getswitchinterval() == interval(0.002)
         sys.setswitchinterval(host)
         failing = Session.load_in_background(device, tmp_path / "missing.mnpk", switch_interval=0.001)
         with pytest.raises(PackageError):
             failing.result(timeout=120)
-        assert sys.getswitchinterval() == pytest.approx(host, rel=0.05)
-        for bad in (0, -1.0, float("nan")):
+        assert sys.getswitchinterval() == interval(host)
+        for bad in (0, -1.0, 1e-7, float("nan")):
             with pytest.raises(ValueError, match="switch_interval"):
                 Session.load_in_background(device, path, switch_interval=bad)
-        assert sys.getswitchinterval() == pytest.approx(host, rel=0.05)
+        assert sys.getswitchinterval() == interval(host)
+
+        def no_thread(*a, **kw):
+            raise RuntimeError("can't start new thread")
+        monkeypatch.setattr(loading, "OnThread", no_thread)
+        with pytest.raises(RuntimeError, match="new thread"):
+            Session.load_in_background(device, path)
+        assert sys.getswitchinterval() == interval(host) and loading._switch["loads"] == 0
     finally:
         gate.set()
         sys.setswitchinterval(host)
@@ -150,5 +173,6 @@ def test_bind_groups_are_made_on_one_thread_beside_the_compiles(device, tmp_path
     monkeypatch.setattr(session_module, "LOAD_THREADS", 4)
     session = Session.load_in_background(device, path, threads=4).result(timeout=120)
     assert len(made["_bind_group"]) == session_module.BIND_GROUP_THREADS == 1
-    assert len(made["_pipeline"]) > 1 and not made["_bind_group"] & made["_pipeline"]
+    assert not made["_bind_group"] & made["_pipeline"]
+    assert len(made["_pipeline"]) > 1 or (os.cpu_count() or 1) < 2  # (pools never outnumber the cores)
     assert np.isfinite(session.run("infer", {"x": np.ones((4, 16), np.float32)})["y"]).all()
