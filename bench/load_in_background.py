@@ -69,7 +69,7 @@ def main(argv=None):
     from meganeura.runtime import session as session_module
     from meganeura.runtime.device import default_device
 
-    from meganeura.runtime.loading import default_threads
+    from meganeura.runtime.loading import SWITCH_INTERVAL, default_threads
 
     if args.threads is not None and args.mode == "blocking":
         session_module.LOAD_THREADS = args.threads
@@ -79,8 +79,6 @@ def main(argv=None):
         session_module.UPLOAD_THREADS = args.upload_threads
     if args.bind_group_threads is not None:
         session_module.BIND_GROUP_THREADS = args.bind_group_threads
-    from meganeura.runtime.loading import SWITCH_INTERVAL
-
     switch = SWITCH_INTERVAL if args.switch_interval is None else \
         None if args.switch_interval == "off" else float(args.switch_interval)
 

@@ -40,7 +40,7 @@ class LoadingSession:
     driver would be stopped mid-compile)."""
 
     def __init__(self, session_class, device, package, threads: int | None, options: dict,
-                 switch_interval: float | None = SWITCH_INTERVAL):
+                 switch_interval: float | None):
         inspect.signature(session_class).bind(device, package, **options)  # a wrong argument: now, not at result()
         if switch_interval is not None and not switch_interval >= 1e-6:  # (Python keeps whole microseconds)
             raise ValueError(f"switch_interval must be at least 1e-6 seconds, or None; got {switch_interval!r}")
@@ -88,13 +88,14 @@ def _switch_sooner(interval: float):
             sys.setswitchinterval(interval)
         _switch["set"] = sys.getswitchinterval()
         _switch["loads"] += 1
-    released = []
+    released = False
 
     def release():
+        nonlocal released
         with _switch["lock"]:
             if released:
                 return
-            released.append(True)
+            released = True
             _switch["loads"] -= 1
             if _switch["loads"] == 0 and sys.getswitchinterval() == _switch["set"] and _switch["saved"] > 0:
                 sys.setswitchinterval(_switch["saved"])

@@ -18,19 +18,26 @@ def _mlp(seed, width=64):
     return compile_model(b.build(), TrainConfig(loss="mse", optimizer="adamw", lr=0.01))
 
 
+def _held_compiles(monkeypatch) -> threading.Event:
+    """Session._pipeline waits for the returned event: the driver "compiling" until the test
+    lets it finish."""
+    gate, real = threading.Event(), Session._pipeline
+
+    def held(self, i, k):
+        assert gate.wait(60)
+        return real(self, i, k)
+    monkeypatch.setattr(Session, "_pipeline", held)
+    return gate
+
+
 def test_a_session_made_in_the_background_while_frames_run(device, tmp_path, monkeypatch):
     path = tmp_path / "big.mnpk"
     path.write_bytes(_mlp(1, width=256))
     frame = Session(device, Package.from_bytes(_mlp(2)))  # the host's running work
     x = np.random.default_rng(3).standard_normal((4, 16)).astype(np.float32)
     want_frame = frame.run("infer", {"x": x})["y"]
-    gate = threading.Event()
     real = Session._pipeline
-
-    def held(self, i, k):  # the driver "compiling" until the test lets it finish
-        assert gate.wait(60)
-        return real(self, i, k)
-    monkeypatch.setattr(Session, "_pipeline", held)
+    gate = _held_compiles(monkeypatch)
     loading = Session.load_in_background(device, path, threads=2)
     try:
         seen = [loading.progress]
@@ -101,15 +108,10 @@ def test_a_background_load_shortens_pythons_switch_interval_while_it_runs(device
 
     path = tmp_path / "p.mnpk"
     path.write_bytes(_mlp(6))
-    gate, real = threading.Event(), Session._pipeline
-
-    def held(self, i, k):
-        assert gate.wait(60)
-        return real(self, i, k)
+    gate = _held_compiles(monkeypatch)
 
     def interval(want):  # (Python keeps whole microseconds)
         return pytest.approx(want, rel=0.05)
-    monkeypatch.setattr(Session, "_pipeline", held)
     host = sys.getswitchinterval()
     try:
         first, second = (Session.load_in_background(device, path, threads=1) for _ in range(2))
