@@ -26,6 +26,8 @@ def _timed(cls, names, acc):
                 return _f(*a, **kw)
             finally:
                 acc.setdefault(_k, []).append(time.perf_counter() - t)
+                # (when, since the Session began, each call started and ended: the first tier's timeline)
+                acc.setdefault("spans", {}).setdefault(_k, []).append((t - acc.get("t0", t), time.perf_counter() - acc.get("t0", t)))
                 if _k == "_pipeline":  # (self, index, kernel): which kernels the driver is slow on
                     acc.setdefault("kernels", []).append((acc[_k][-1], a[2].get("label", ""), len(a[2]["wgsl"]),
                                                           _kind(a[2]["wgsl"])))
@@ -34,7 +36,8 @@ def _timed(cls, names, acc):
 
 def _kind(wgsl: str) -> str:
     """Which family a kernel is (the driver's compile time differs by an order of magnitude)."""
-    return "gemm 8x8/thread" if "acc0l" in wgsl else "gemm 4x4/thread" if "a_tile" in wgsl else \
+    return "gemm 8x8/thread" if "acc0l" in wgsl else "gemm quick" if "quick_a[" in wgsl else \
+        "gemm 4x4/thread" if "a_tile" in wgsl else \
         "attention" if "attention" in wgsl[:400] else "other"
 
 
@@ -78,12 +81,18 @@ def main(argv=None):
     ap.add_argument("--from-path", action="store_true",
                     help="the first Session made from the file (read while it compiles; session_s includes it)")
     ap.add_argument("--bind-group-threads", type=int, default=None, help="session.BIND_GROUP_THREADS (default: as set)")
+    ap.add_argument("--quick-start", action="store_true",
+                    help="Session(quick_start=True): session_s until its quick tier runs, tuned_s until the tuned kernels do")
+    ap.add_argument("--quick-keep-divisors", action="store_true", help="lift_sizes.QUICK_DIVISORS = False")
+    ap.add_argument("--warm-driver", action="store_true",
+                    help="compile a trivial pipeline first, as a host's own pipelines would (driver_start.py)")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
     from meganeura.compiler import lift_sizes
     from meganeura.runtime import Package, Session
 
     lift_sizes.ENABLED = not args.no_lift_sizes
+    lift_sizes.QUICK_DIVISORS = not args.quick_keep_divisors
     from meganeura.compiler.gemm_plan import GEMM_PLAN
 
     for setting in args.plan:
@@ -95,6 +104,10 @@ def main(argv=None):
     from meganeura.runtime.device import default_device
 
     dev = default_device()
+    if args.warm_driver:
+        import driver_start
+
+        print(json.dumps({"driver_start": driver_start.warm(dev)}), flush=True)
     if args.upload_threads is not None:
         session_module.UPLOAD_THREADS = args.upload_threads
     if args.bind_group_threads is not None:
@@ -112,19 +125,29 @@ def main(argv=None):
                 _timed(Session, list(originals), acc)
                 t = time.perf_counter()
                 pkg = path if args.from_path and attempt == "first" else Package.load(path)
-                t1 = time.perf_counter()
-                s = Session(dev, pkg, device_class=args.device_class, shader_checks=not args.unchecked)
+                t1 = acc["t0"] = time.perf_counter()
+                s = Session(dev, pkg, device_class=args.device_class, shader_checks=not args.unchecked,
+                            quick_start=args.quick_start)
                 pkg = s.package
                 t2 = time.perf_counter()
+                tier, first_kernels = s.tier, len(s.kernels)
+                # each phase's first start and last end within the first tier (seconds since the Session began)
+                # (first start, last end, calls, their summed seconds)
+                timeline = {k: (round(min(a for a, _ in v), 4), round(max(b for a, b in v if b <= t2 - t1), 4),
+                                sum(b <= t2 - t1 for _, b in v), round(sum(b - a for a, b in v if b <= t2 - t1), 4))
+                            for k, v in acc.get("spans", {}).items() if any(b <= t2 - t1 for _, b in v)}
+                s.wait_tuned()
+                tuned = time.perf_counter() - t1
                 kernels = len(s.kernels)
                 per_kernel = sorted(acc.get("_pipeline", []))
                 row = {"workload": name, "lift_sizes": lift_sizes.ENABLED, "threads": threads, "plan": args.plan, "from_path": args.from_path and attempt == "first", "checks": not args.unchecked, "device_class": s.device_class,
                        "upload_threads": session_module.UPLOAD_THREADS, "bind_group_threads": session_module.BIND_GROUP_THREADS,
-                       "attempt": attempt,
+                       "attempt": attempt, "tier": tier, "quick_divisors": lift_sizes.QUICK_DIVISORS, "first_tier_kernels": first_kernels, "tuned_s": tuned,
+                       "timeline": timeline,
                        "package_mb": pkg.raw_size / 2**20, "kernels": kernels,
                        "dispatches": sum(len(p) for p in s.programs.values()),
                        "package_load_s": t1 - t, "session_s": t2 - t1,
-                       **{f"{k.strip('_')}_s": sum(v) for k, v in acc.items() if k not in ("_pipeline", "_bind_group", "kernels")},
+                       **{f"{k.strip('_')}_s": sum(v) for k, v in acc.items() if k not in ("_pipeline", "_bind_group", "kernels", "spans", "t0")},
                        "bind_groups": len(acc.get("_bind_group", [])),
                        "pipeline_ms_median": 1e3 * per_kernel[len(per_kernel) // 2] if per_kernel else None,
                        "pipeline_ms_max": 1e3 * per_kernel[-1] if per_kernel else None,

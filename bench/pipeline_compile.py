@@ -74,9 +74,14 @@ def main(argv=None):
                     help="codegen_gemm.GEMM_PLAN settings to compile with (e.g. k_unroll=1 store4=0)")
     ap.add_argument("--no-lift-sizes", action="store_true", help="each size variant a kernel of its own")
     ap.add_argument("--checked-only", action="store_true", help="each kernel once, as a Session makes it (no probes)")
+    ap.add_argument("--variant", default="gpu", choices=("gpu", "cpu", "quick"),
+                    help="which kernels: the GPU's, CPU rasterisers', or the quick tier's (Session(quick_start=True))")
+    ap.add_argument("--quick-keep-divisors", action="store_true", help="lift_sizes.QUICK_DIVISORS = False")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
     from meganeura.compiler import lift_sizes
+
+    lift_sizes.QUICK_DIVISORS = not args.quick_keep_divisors
     from meganeura.compiler.codegen_gemm import GEMM_PLAN
 
     lift_sizes.ENABLED = not args.no_lift_sizes
@@ -102,7 +107,7 @@ def main(argv=None):
     rows = []
     for name, path in compiled_packages(args.only):
         m = Package.load(path).manifest
-        used = sorted({_variant(d, "gpu")["kernel"] for p in m["programs"].values() for d in p["dispatches"]})
+        used = sorted({_variant(d, args.variant)["kernel"] for p in m["programs"].values() for d in p["dispatches"]})
         per = []
         for i in used:
             k = m["kernels"][i]
@@ -131,7 +136,8 @@ def main(argv=None):
                     s[f"{probe}_count"] = s.get(f"{probe}_count", 0) + 1
                     s[f"{probe}_before_ms"] = s.get(f"{probe}_before_ms", 0.0) + r["checked_ms"]
                     s[f"{probe}_checked_ms"] = s.get(f"{probe}_checked_ms", 0.0) + r[f"{probe}_checked_ms"]
-        summary = {"workload": name, "plan": args.plan, "lift_sizes": lift_sizes.ENABLED, "kernels": len(per), "families": sums,
+        summary = {"workload": name, "plan": args.plan, "variant": args.variant,
+                   "quick_divisors": lift_sizes.QUICK_DIVISORS, "lift_sizes": lift_sizes.ENABLED, "kernels": len(per), "families": sums,
                    "checked_ms": sum(r["checked_ms"] for r in per), "unchecked_ms": None if args.checked_only else sum(r["unchecked_ms"] for r in per)}
         print(json.dumps(summary), flush=True)
         rows.append({**summary, "per_kernel": per})

@@ -138,6 +138,18 @@ def _round_torch_weights(module, names) -> int:
     return sum(n in state for n in names)
 
 
+def _quick_runs(session, case) -> list:
+    """[program, wall ms, tier after it] of two runs of each program right after a quick_start
+    load: what a host gets from the quick tier before the tuned kernels take over."""
+    feeds = {"infer": {k: v for k, v in case.inputs.items() if k != "labels"}, "train_step": case.inputs}
+    runs = []
+    for program in [p for p in ("infer", "train_step") if p in session.programs] * 2:
+        t = time.perf_counter()
+        session.run(program, feeds[program])
+        runs.append([program, (time.perf_counter() - t) * 1e3, session.tier])
+    return runs
+
+
 def run_one(name, spec, args, device, tdev):
     import torch
     from meganeura.compiler import compile_model
@@ -165,8 +177,14 @@ def run_one(name, spec, args, device, tdev):
         del data
         t = time.perf_counter()
         # a first launch: the file read and checked while the driver compiles every pipeline
-        Session(device, path, **SESSION_OPTIONS).close()  # its buffers go before the next one's are made
+        first = Session(device, path, **SESSION_OPTIONS, quick_start=args.quick_start)
         row["load_s"] = time.perf_counter() - t
+        if args.quick_start:  # how the quick tier runs, while the tuned kernels compile behind it
+            row["load_tier"] = first.tier
+            row["quick_runs"] = _quick_runs(first, case)
+            first.wait_tuned()
+            row["load_tuned_s"] = time.perf_counter() - t
+        first.close()  # its buffers go before the next one's are made
         t = time.perf_counter()
         package = Package.load(path)
         row["package_read_s"] = time.perf_counter() - t
@@ -268,6 +286,12 @@ def main(argv=None):
     ap.add_argument("--weights", choices=("f32", "f16"), default="f32",
                     help="f16: inference-only packages with weights stored in half precision (compile_model's "
                          "weights='f16'); PyTorch's autocast f16 inference timed beside them")
+    ap.add_argument("--warm-driver", action="store_true",
+                    help="compile two trivial pipelines before the first workload, as a host's own would: the "
+                         "driver's start-up in this process (info's driver_start) is then no workload's first launch")
+    ap.add_argument("--quick-start", action="store_true",
+                    help="the first launch as Session(quick_start=True): load_s until its quick tier runs, "
+                         "load_tuned_s until the tuned kernels do, and the quick tier's run times")
     ap.add_argument("--no-shader-checks", action="store_true",
                     help="Session(shader_checks=False): kernels without the WGSL compiler's index clamps and "
                          "loop bounds (for packages one compiled oneself)")
@@ -294,6 +318,11 @@ def main(argv=None):
         print("warning: no CUDA: torch runs on the CPU", file=sys.stderr)
     load_settings = _load_settings()  # before the device writes to the shader cache
     device = default_device()
+    driver = None
+    if args.warm_driver:
+        import driver_start
+
+        driver = driver_start.warm(device)
     info = {"date": time.strftime("%Y-%m-%d"), "gpu": device.adapter.info["device"],
             "driver": device.adapter.info.get("description", ""), "backend": device.adapter.info["backend_type"],
             "wgpu": wgpu.__version__, "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -301,6 +330,7 @@ def main(argv=None):
             "python": platform.python_version(), "features": sorted(device.features), "smoke": args.smoke,
             "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch,
             "gemm_prologues": args.gemm_prologues, "shader_checks": not args.no_shader_checks,
+            "quick_start": args.quick_start, "driver_start": driver,
             "weights": args.weights, **settings, **load_settings}
     rows = []
     out = Path(args.out)
@@ -337,6 +367,7 @@ def _line(r):
         return f"{r['workload']}: ERROR {r['error']}"
     parts = [r["workload"], f"package {r['package_mb']:.1f} MB ({r['f16_weights']} f16 weights), "
              f"compile {r['compile_s']:.2f}s first launch {r['load_s']:.2f}s "
+             + (f"(quick tier; tuned {r['load_tuned_s']:.2f}s) " if "load_tuned_s" in r else "") +
              f"(warm: read {r['package_read_s']:.2f}s + load {r['load_warm_s']:.2f}s)",
              f"infer rel err {r['infer_rel_err']:.1e}" + (" MISMATCH" if r["infer_rel_err"] > MATCH_TOL else "")]
     if "loss" in r:

@@ -425,7 +425,10 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     code.gemm_decls, code.gemm_store = decls, st  # for variants with other main loops
     # CPU rasterisers: same bindings and split, a barrier-free kernel with its own grid
     cpu = render("igemm_cpu", COMMON=common)
-    code.variants = {"cpu": (cpu, (8, 8, 1), (-(-n // 32), -(-m // 32), groups * split))}
+    # the quick tier (Session(quick_start=True)): a kernel fast to compile, until this one has
+    quick = render("igemm_quick", COMMON=common)
+    code.variants = {"cpu": (cpu, (8, 8, 1), (-(-n // 32), -(-m // 32), groups * split)),
+                     "quick": (quick, (16, 16, 1), (-(-n // 16), -(-m // 16), groups * split))}
     if split == 1:
         return code
     code.temps = {temp: split * groups * m * n * 4}
@@ -552,7 +555,7 @@ def matmul(sched: Schedule, k: Kernel) -> KernelCode:
         offsets = (_batch_offset(batch_shape, a.shape, "a_el") + "\n" + _batch_offset(batch_shape, b.shape, "b_el")
                    + "\n    let a_off = a_el / 4u;\n    let b_off = b_el / 4u;")
         wgsl = render("mm_dot_cpu", BINDINGS=decls, M=m_, N=n_, K=k_, SPLIT=split, KS=ks, STORE=st, OFFSETS=offsets)
-        first.variants = {"cpu": (wgsl, (8, 8, 1), (-(-n_ // 32), -(-m_ // 32), batches * split))}
+        first.variants = {**first.variants, "cpu": (wgsl, (8, 8, 1), (-(-n_ // 32), -(-m_ // 32), batches * split))}
     return codes
 
 

@@ -26,12 +26,15 @@ from ..runtime.package import MAX_LIFTED
 ENABLED = True  # bench/run.py --no-lift-sizes
 FIXED = "// Sizes stay written in (compiler/lift_sizes.py)"  # a template's mark (igemm_common, attention*)
 NAME = "mn_sizes"
+QUICK = "quick"  # the dispatch variant the quick tier runs (quick_tier)
+QUICK_DIVISORS = True  # the quick tier lifts divisors too (bench: --quick-keep-divisors)
 
 _LITERAL = re.compile(r"(?<![\w.])(\d+)u\b")
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _CONST_STMT = re.compile(r"\b(?:const|const_assert|override)\b[^;]*;")
 _ATTRIBUTE = re.compile(r"@\w+\s*\([^)]*\)")
 _DIVIDES = re.compile(r"[/%]=?\s*")  # an operator whose right operand must stay a constant
+_U32_CONST = re.compile(r"\bconst\s+(\w+)\s*:\s*u32\s*=\s*(\d+)u\s*;")
 _CASE = re.compile(r"\bcase\b[^:{]*[:{]")
 # arrays held in registers or in structs: a runtime index into one is a 60x trap on NVIDIA
 _PRIVATE_ARRAY = re.compile(r"\b(?:var|let)\b(?:<(?:private|function)>)?\s+\w+\s*(?::[^=;]*\barray\b|=\s*array\b)"
@@ -53,7 +56,7 @@ def _closing(code: str, i: int, opening: str, closing: str) -> int:
     return i
 
 
-def _fixed(code: str) -> list:
+def _fixed(code: str, divisors: bool = True) -> list:
     """Spans of `code` (comments stripped) where a literal must stay a constant: const
     statements, attributes, case labels, array<...> templates (a shift's '>>' inside parentheses
     skipped), and the right operand of every division or remainder (by a constant, a multiply and
@@ -61,7 +64,7 @@ def _fixed(code: str) -> list:
     spans = [m.span() for rx in (_CONST_STMT, _ATTRIBUTE, _CASE) for m in rx.finditer(code)]
     for m in re.finditer(r"\barray\s*<", code):
         spans.append((m.start(), _closing(code, m.end(), "<", ">")))
-    for m in _DIVIDES.finditer(code):
+    for m in _DIVIDES.finditer(code) if divisors else ():
         i = m.end()
         if code.startswith("(", i):
             spans.append((i, _closing(code, i + 1, "(", ")")))
@@ -74,15 +77,19 @@ def _fixed(code: str) -> list:
     return spans
 
 
-def skeleton(code: str):
+def skeleton(code: str, quick: bool = False):
     """(text without comments, [(start, end, value)] of its liftable literals, the text with
-    them blanked), or None where nothing may be lifted."""
-    if FIXED in code:
+    them blanked), or None where nothing may be lifted. `quick`: as the quick tier lifts
+    (quick_tier): templates marked FIXED too, u32 constants written into their uses, and
+    divisors lifted as well."""
+    if NAME in code or (FIXED in code and not quick):  # (NAME: lifted already)
         return None
     text = _COMMENT.sub("", code)
     if _PRIVATE_ARRAY.search(text):
         return None
-    fixed = _fixed(text)
+    if quick:
+        text = _inline_constants(text)
+    fixed = _fixed(text, divisors=not (quick and QUICK_DIVISORS))
     blocked = bytearray(len(text))
     for lo, hi in fixed:
         blocked[lo:hi] = b"\x01" * (hi - lo)
@@ -113,6 +120,27 @@ def lifted_kernel(text: str, found: list, columns: list, members: int, bindings:
     return head + "".join(out)
 
 
+def _family(k: dict, sk: tuple, label: bool = True) -> tuple:
+    """What the members of one family share. (The label too, but in the quick tier: profiles
+    group time by it, and "x3" says how many tensors a kernel covers.)"""
+    return (sk[2], k.get("label", "") if label else "", k["entry"], tuple(k["workgroup_size"]),
+            tuple(k["access"]), len(sk[1]))
+
+
+def _inline_constants(text: str) -> str:
+    """`text` with each u32 constant (`const TG: u32 = 16u;`) written into its uses instead,
+    where they may then be lifted; a name declared twice with different values stays."""
+    values = {}
+    for m in _U32_CONST.finditer(text):
+        values.setdefault(m.group(1), set()).add(m.group(2))
+    values = {name: v.pop() for name, v in values.items() if len(v) == 1}
+    if not values:
+        return text
+    text = _U32_CONST.sub(lambda m: "" if m.group(1) in values else m.group(0), text)
+    uses = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, values)) + r")\b")
+    return uses.sub(lambda m: values[m.group(1)] + "u", text)
+
+
 def lift(kernels: list, programs: dict) -> tuple:
     """(kernels, programs) with each family of size variants as one kernel; dispatches (and
     their device-class variants) of a family's members name its kernel and carry "lifted",
@@ -126,9 +154,7 @@ def lift(kernels: list, programs: dict) -> tuple:
         if sk is None:
             continue
         shapes[i] = sk
-        # (the label too: profiles group time by it, and "x3" says how many tensors a kernel covers)
-        key = (sk[2], k.get("label", ""), k["entry"], tuple(k["workgroup_size"]), tuple(k["access"]), len(sk[1]))
-        families.setdefault(key, []).append(i)
+        families.setdefault(_family(k, sk), []).append(i)
     new_kernels = list(kernels)
     remap = {}  # old kernel -> (family kernel, its lifted values)
     for key, members in families.items():
@@ -157,3 +183,59 @@ def lift(kernels: list, programs: dict) -> tuple:
         {**moved(d), **({"variants": {c: moved(v) for c, v in d["variants"].items()}} if "variants" in d else {})}
         for d in p["dispatches"]]} for name, p in programs.items()}
     return [new_kernels[i] for i in kept], programs
+
+
+def quick_tier(kernels: list, programs: dict) -> tuple:
+    """(kernels, programs) with each dispatch's "quick" variant where the quick tier (runtime
+    Session(quick_start=True): the driver compiles few, cheap kernels first, the tuned ones
+    behind them) has one: what it runs is a dispatch's own quick variant (a GEMM's
+    igemm_quick) or else its kernel, lifted further than `lift` dares, divisors and constants
+    too (a division by a uniform is a long sequence, but only until the tuned kernel has
+    compiled). A family joins kernels that `lift` keeps apart, or it is not made. Run before
+    `lift`; kernels no entry names any more are dropped."""
+    if not ENABLED:
+        return kernels, programs
+
+    def subject(d):  # the kernel the quick tier would run unless a family takes it
+        return d.get("variants", {}).get(QUICK, d)
+
+    families, shapes = {}, {}
+    for i in sorted({subject(d)["kernel"] for p in programs.values() for d in p["dispatches"]}):
+        sk = skeleton(kernels[i]["wgsl"], quick=True)
+        if sk is not None:
+            shapes[i] = sk
+            families.setdefault(_family(kernels[i], sk, label=False), []).append(i)
+    new_kernels, remap = list(kernels), {}
+    for members in families.values():
+        plain = {(i,) if sk is None else _family(kernels[i], sk)
+                 for i, sk in ((i, skeleton(kernels[i]["wgsl"])) for i in members)}
+        found = [shapes[i][1] for i in members]
+        columns = [c for c in range(len(found[0])) if len({f[c][2] for f in found}) > 1]
+        if len(plain) < 2 or not columns or len(columns) > MAX_LIFTED:
+            continue
+        first = kernels[members[0]]
+        text = lifted_kernel(shapes[members[0]][0], found[0], columns, len(members), len(first["access"]))
+        label = first.get("label", "")
+        new_kernels.append({**first, "label": label if label.endswith(f"({QUICK})") else f"{label} ({QUICK})",
+                            "wgsl": text, "lifted": len(columns), "sha256": hashlib.sha256(text.encode()).hexdigest()})
+        for i, f in zip(members, found):
+            remap[i] = (len(new_kernels) - 1, [f[c][2] for c in columns])
+
+    def with_quick(d):
+        s = subject(d)
+        if s["kernel"] not in remap:
+            return d
+        k, values = remap[s["kernel"]]
+        return {**d, "variants": {**d.get("variants", {}),
+                                  QUICK: {"kernel": k, "workgroups": s["workgroups"], "lifted": values}}}
+    programs = {name: {**p, "dispatches": [with_quick(d) for d in p["dispatches"]]} for name, p in programs.items()}
+    named = sorted({e["kernel"] for p in programs.values() for d in p["dispatches"]
+                    for e in (d, *d.get("variants", {}).values())})
+    index = {old: new for new, old in enumerate(named)}
+
+    def moved(e):
+        return {**e, "kernel": index[e["kernel"]]}
+    programs = {name: {**p, "dispatches": [
+        {**moved(d), **({"variants": {c: moved(v) for c, v in d["variants"].items()}} if "variants" in d else {})}
+        for d in p["dispatches"]]} for name, p in programs.items()}
+    return [new_kernels[i] for i in named], programs

@@ -221,7 +221,8 @@ class PackageBuilder:
     def write(self, meta: dict) -> bytes:
         blob = self._early if self._early is not None and self._early.same(self.blob) else blobs.Blob(self.blob)
         persistent = sum(self.buffers[b] for b in {t["buffer"] for t in self.tensors if t["role"] != "output"})
-        kernels, programs = lift_sizes.lift(self.kernels, self.programs)  # size variants as one kernel
+        # size variants as one kernel; the quick tier's kernels lifted further first
+        kernels, programs = lift_sizes.lift(*lift_sizes.quick_tier(self.kernels, self.programs))
         manifest = {
             "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "compiler_version": self.version,
             "requires": {"features": [], "limits": {

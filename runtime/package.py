@@ -39,6 +39,7 @@ ACCESS = ("read", "read_write")
 READ_STEP = 64 << 20  # bytes per read task when loading a file
 OFFSET_ALIGN = 256  # byte offsets of tensors and bound ranges: WebGPU's largest minStorageBufferOffsetAlignment
 DEVICE_CLASSES = ("cpu", "gpu")  # kernel variants: CPU rasterisers (lavapipe) rank kernels differently
+VARIANTS = (*DEVICE_CLASSES, "quick")  # and the quick tier's (Session(quick_start=True))
 
 
 class PackageError(ValueError):
@@ -335,14 +336,16 @@ def validate_manifest(m) -> None:
             _lifted(d, dw, kernels[k])
             for cls, v in _dict(d.get("variants", {}), f"{dw}.variants").items():
                 vw = f"{dw}.variants[{cls!r:.20}]"
-                if cls not in DEVICE_CLASSES:
-                    _fail(f"{vw}: unknown device class; known: {DEVICE_CLASSES}")
+                if cls not in VARIANTS:
+                    _fail(f"{vw}: unknown variant; known: {VARIANTS}")
                 _dict(v, vw)
                 if set(v) - {"kernel", "workgroups", "lifted"}:  # a variant swaps the kernel, never what it binds
                     _fail(f"{vw}: a variant holds only 'kernel', 'workgroups' and 'lifted', not {sorted(set(v))!r:.60}")
                 kv = _int(_key(v, "kernel", vw), f"{vw}.kernel", 0, len(kernels) - 1)
                 if kernels[kv]["access"] != kernels[k]["access"]:
                     _fail(f"{vw}: the variant kernel binds buffers differently")
+                _workgroups(v, vw)
+                _lifted(v, vw, kernels[kv])
                 _workgroups(v, vw)
                 _lifted(v, vw, kernels[kv])
     mem = _dict(_key(m, "memory", "manifest"), "memory")

@@ -16,10 +16,12 @@ from . import native
 from .checkpoint import safetensors_bytes, write_atomic
 from .device import default_device, fresh_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
+from .inputs import coerce, fits, pad, rows
 from .lifted_sizes import alignment, layout, manifest_values, sizes_buffer, slice_bytes
-from .loading import SWITCH_INTERVAL, LoadingSession
-from .package import DTYPES, F16_MAX, Package, PackageError, workgroup_bytes
+from .loading import SWITCH_INTERVAL, LoadingSession, default_threads
+from .package import DTYPES, Package, PackageError, workgroup_bytes
 from .threads import in_background
+from .tiers import TunedTier, assemble, kernels_of
 
 # threads writing the weights at load (each write copies into a staging buffer of the driver's).
 # H200, 1 / 4 / 8 threads: SD-1.5 warm 1.74 / 1.33 / 1.21 s but cold 2.57 / 2.60 / 2.68 s (beside
@@ -30,6 +32,7 @@ UPLOAD_THREADS = 4
 # background load: worst frame 48-50 -> 22-24 ms, blocking loads no slower)
 BIND_GROUP_THREADS = 1
 LOAD_THREADS = 16  # most threads compiling pipelines at load (NVIDIA: ~15 ms of driver time each, cold)
+QUICK = "quick"  # the dispatch variant of the quick tier (quick_start)
 SKIPPED = "optimizer.skipped_steps"  # state counter of training steps rejected for NaN/inf
 
 _LIMIT_NAMES = {  # manifest name -> wgpu limit name
@@ -42,7 +45,7 @@ _LIMIT_NAMES = {  # manifest name -> wgpu limit name
 
 class Session:
     def __init__(self, device, package, device_class: str | None = None, memory_limit: int | None = None,
-                 shader_checks: bool = True, _progress=None):
+                 shader_checks: bool = True, quick_start: bool = False, _progress=None):
         """`package`: a Package, or a .mnpk file's path (the fastest first launch: its weights
         are read while the driver compiles the pipelines). `device_class` ("gpu" or "cpu")
         overrides which kernel variants run; by default CPU rasterisers (lavapipe) get the CPU
@@ -53,7 +56,10 @@ class Session:
         packages you compiled yourself. WGSL is still validated, but a package from
         elsewhere could then read or write past its bindings (into neighbouring tensors, or
         further where the driver has no robust buffer access), past its workgroup memory,
-        or loop until the driver resets the GPU."""
+        or loop until the driver resets the GPU. `quick_start=True`: return once the quick
+        tier's kernels are made (few, and cheap to compile: a first launch's driver compile is
+        most of its load), and run them until the tuned ones, compiled behind them on threads,
+        take their place (`tier`, `wait_tuned()`); they compute the same, more slowly."""
         if device_class not in (None, "cpu", "gpu"):
             raise ValueError(f"device_class {device_class!r}: use 'cpu' or 'gpu'")
         opened = isinstance(package, (str, os.PathLike))
@@ -62,13 +68,13 @@ class Session:
         if not isinstance(package, Package):
             raise TypeError("Session(device, package): package is a Package or a path to a .mnpk file")
         try:
-            self._load(package, device, device_class, memory_limit, shader_checks, _progress)
+            self._load(package, device, device_class, memory_limit, shader_checks, quick_start, _progress)
         except BaseException:
             if opened:  # nobody will upload its weights: their read stops
                 package._abandon()
             raise
 
-    def _load(self, pkg, device, device_class, memory_limit, shader_checks, _progress):
+    def _load(self, pkg, device, device_class, memory_limit, shader_checks, quick_start, _progress):
         import wgpu
 
         self.package = pkg
@@ -76,7 +82,8 @@ class Session:
         self._wgpu = wgpu
         self.lost = self.closed = False
         self._device_class_arg, self.memory_limit = device_class, memory_limit
-        self.shader_checks = shader_checks
+        self.shader_checks, self.quick_start = shader_checks, quick_start
+        self._tuned, self._retired, self.tier = None, [], "tuned"
         self._progress = _progress  # a LoadingSession's count of pipelines made and weights uploaded
         m = pkg.manifest
         self._check_device(m)  # every size against the device before any allocation
@@ -86,21 +93,21 @@ class Session:
             "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu")
         # each dispatch as this device class runs it, and its bind group's key (layout, buffers):
         # pooled scratch makes many dispatches bind alike, and those share one bind group
-        chosen = {name: [(d, (tuple(m["kernels"][d["kernel"]]["access"]), tuple(d["buffers"]),
-                              tuple(None if r is None else tuple(r) for r in d.get("ranges") or [None] * len(d["buffers"])),
-                              tuple(d.get("lifted") or ())))
-                         for d in (_variant(d, self.device_class) for d in p["dispatches"])]
-                  for name, p in m["programs"].items()}
-        used = {d["kernel"] for steps in chosen.values() for d, _ in steps}
-        self._check_workgroup_memory(m["kernels"], used)
+        chosen = {name: [self._form(d, self.device_class) for d in p["dispatches"]] for name, p in m["programs"].items()}
+        first = chosen
+        if quick_start and self.device_class == "gpu":  # (CPU rasterisers run their own variants)
+            first = {name: [self._form(d, QUICK) for d in p["dispatches"]] for name, p in m["programs"].items()}
+            self.tier = QUICK if first != chosen else "tuned"
+        used = kernels_of(first)
+        self._check_workgroup_memory(m["kernels"], used | kernels_of(chosen))
         # the driver compiles pipelines, and makes bind groups, on threads while this one
         # uploads the weights
         todo = [(i, k) for i, k in enumerate(m["kernels"]) if i in used]
         uploads = [t for t in self.tensors if t["role"] in ("param", "state", "constant") and t["init"] == "blob"]
         if _progress is not None:
             _progress.expect(len(todo) + len(uploads))
-        for i, k in todo:
-            self._layout(k)  # shared by kernels: made here, not in the threads
+        for i in used | kernels_of(chosen):
+            self._layout(m["kernels"][i])  # shared by kernels: made here, not in the threads
         # the longest kernels first (their WGSL's length: NVIDIA took 100-240 ms on the 8x8-per-thread
         # GEMMs, ~12 on most), so that no long compile starts last and holds up the load alone
         threads = None if _progress is None else min(_progress.threads, LOAD_THREADS)  # (a background load's)
@@ -112,7 +119,7 @@ class Session:
             self._sizes = sizes_buffer(self.device, self._sizes_layout)
             self.allocated_bytes += self._sizes_layout[0]
             binds = {}  # bind group key -> the first dispatch using it
-            for name, steps in chosen.items():
+            for name, steps in first.items():
                 for j, (_, key) in enumerate(steps):
                     binds.setdefault(key, (self._bind_group, name, j, *key))
             groups = in_background(binds, BIND_GROUP_THREADS)
@@ -128,14 +135,10 @@ class Session:
         except BaseException:
             groups(quiet=True)
             raise
-        groups = groups()
-        self.programs = {}
-        for name, steps in chosen.items():
-            self.programs[name] = []
-            for d, key in steps:
-                pipeline, group = self.kernels[d["kernel"]][0], groups[key]
-                self.programs[name].append((pipeline, group, tuple(d["workgroups"]),
-                                            getattr(pipeline, "_internal", None), getattr(group, "_internal", None)))
+        self._groups = groups()
+        self.programs = assemble(first, self.kernels, self._groups)
+        if self.tier == QUICK:  # the host's frames go on beside it: a background load's threads, or the spare cores
+            self._tuned = TunedTier(self, chosen, default_threads() if _progress is None else _progress.threads)
         self._staging = {}
         self._batch = (m.get("batch") or {}).get("size")
         self._skip_counter = pkg.tensor(SKIPPED, "state")  # None: compiled without the NaN guard
@@ -261,7 +264,7 @@ class Session:
         state (moments, step count, a changed lr, skipped_steps) starts from the package's:
         write_tensor() it back if the host kept it."""
         s = Session(device if device is not None else fresh_device(), self.package,
-                    self._device_class_arg, self.memory_limit, self.shader_checks)
+                    self._device_class_arg, self.memory_limit, self.shader_checks, self.quick_start)
         if isinstance(weights, dict):
             s.set_weights(weights, strict)
         elif weights is not None:
@@ -272,7 +275,10 @@ class Session:
         """Let go of this session's GPU objects. They are released, never destroyed: wgpu
         frees each one once no submitted (or still recorded) command buffer uses it."""
         self.closed = True
+        if self._tuned is not None:
+            self._tuned.cancel()
         self.buffers, self.programs, self.kernels, self._staging, self._layouts = [], {}, {}, {}, {}
+        self._groups, self._retired = {}, []
         self._sizes = (None, {})
 
     def __enter__(self):
@@ -282,14 +288,12 @@ class Session:
         self.close()
 
     def _bind_group(self, program, j, access, buffers, ranges, lifted):
-        entries = [{"binding": b, "resource": {"buffer": self.buffers[bi], "offset": r[0] if r else 0,
-                                               "size": r[1] if r else self.buffers[bi].size}}
-                   for b, (bi, r) in enumerate(zip(buffers, ranges))]
+        entries = [(self.buffers[bi], r[0], r[1]) if r else (self.buffers[bi], 0, self.buffers[bi].size)
+                   for bi, r in zip(buffers, ranges)]
         if lifted:  # the kernel's sizes, after its storage buffers (compiler/lift_sizes.py)
-            entries.append({"binding": len(buffers), "resource": {
-                "buffer": self._sizes[0], "offset": self._sizes[1][lifted], "size": slice_bytes(len(lifted))}})
+            entries.append((self._sizes[0], self._sizes[1][lifted], slice_bytes(len(lifted))))
         try:
-            return self.device.create_bind_group(layout=self._layouts[access, len(lifted)][0], entries=entries)
+            return native.bind_group(self.device, self._layouts[access, len(lifted)][0], entries)
         except self._wgpu.GPUValidationError as exc:
             self._raise_if_lost(exc, "loading the package")
             raise PackageError(f"program {program} dispatch {j}: {exc}") from None
@@ -308,7 +312,14 @@ class Session:
             self._layouts[key] = (bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]))
         return self._layouts[key]
 
-    def _pipeline(self, i, k):
+    def _form(self, d, variant):
+        """(a dispatch as `variant` runs it, its bind group's key)."""
+        d = _variant(d, variant)
+        return d, (tuple(self.package.manifest["kernels"][d["kernel"]]["access"]), tuple(d["buffers"]),
+                   tuple(None if r is None else tuple(r) for r in d.get("ranges") or [None] * len(d["buffers"])),
+                   tuple(d.get("lifted") or ()))
+
+    def _pipeline(self, i, k, counted=True):
         wgpu = self._wgpu
         bgl, layout = self._layout(k)
         try:
@@ -318,7 +329,7 @@ class Session:
         except wgpu.GPUValidationError as exc:
             self._raise_if_lost(exc, "loading the package")
             raise PackageError(f"kernel {i} ({k.get('label', '')}) was rejected by the WGSL compiler: {exc}") from None
-        if self._progress is not None:
+        if counted and self._progress is not None:
             self._progress.tick()
         return pipeline, bgl
 
@@ -364,9 +375,17 @@ class Session:
     def dispatch_count(self, program: str) -> int:
         return len(self._steps(program))
 
+    def wait_tuned(self, timeout: float | None = None) -> None:
+        """Wait (up to `timeout` seconds: TimeoutError) until the tuned kernels run, where a
+        quick_start Session began on its quick tier; raises what stopped them."""
+        if self._tuned is not None:
+            self._tuned.wait(timeout)
+
     def _steps(self, program):
         if self.closed:
             raise RuntimeError("this session was closed")
+        if self._tuned is not None and self._tuned.error is not None:
+            raise self._tuned.error
         if program not in self.programs:
             raise KeyError(f"no program {program!r} in this package; it has {sorted(self.programs)}")
         return self.programs[program]
@@ -383,7 +402,7 @@ class Session:
             raise ValueError(f"{program}: unknown inputs {sorted(given - public)}; it takes {sorted(public)}")
         if public - given:
             raise ValueError(f"{program}: missing inputs {sorted(public - given)}; it takes {sorted(public)}")
-        arrays = {name: _coerce(name, inputs[name], t, check_finite) for name, t in expected.items() if name != mask}
+        arrays = {name: coerce(name, inputs[name], t, check_finite) for name, t in expected.items() if name != mask}
         with self._gpu(f"uploading the inputs of {program}"):
             for name, t in expected.items():
                 if name == mask:
@@ -404,7 +423,7 @@ class Session:
         p = self.package.programs.get(program)
         if p is None:
             raise KeyError(f"no program {program!r} in this package; it has {sorted(self.programs)}")
-        n = _rows(inputs)
+        n = rows(inputs)
         if self._batch is None or n is None or n == self._batch:
             self.write_inputs(program, inputs, check_finite=check_finite)
             return self._execute(program)
@@ -414,7 +433,7 @@ class Session:
                              f"(split the batch, or compile with a larger batch)")
         outs = []
         for s in range(0, n, b):
-            part = {k: _pad(v, s, b) for k, v in inputs.items()}
+            part = {k: pad(v, s, b) for k, v in inputs.items()}
             self.write_inputs(program, part, rows=min(b, n - s), check_finite=check_finite)
             outs.append(self._execute(program))
         return {k: np.concatenate([o[k] for o in outs])[:n] if np.ndim(outs[0][k]) else outs[0][k]
@@ -488,7 +507,7 @@ class Session:
         v = np.asarray(value)
         if list(v.shape) != list(t["shape"]):
             raise ValueError(f"{role} {name!r} has shape {t['shape']}, got {list(v.shape)}")
-        _fits(t, v)
+        fits(t, v)
         with self._gpu(f"writing {name}"):
             self._write(t, v)
 
@@ -536,18 +555,11 @@ class Session:
                 raise ValueError(f"weight {name!r} has shape {list(v.shape)}, the package needs {t['shape']}")
             if not np.isfinite(v).all():
                 raise ValueError(f"weight {name!r} holds NaN or infinity")
-            _fits(t, v)
+            fits(t, v)
             checked[name] = (t, v)
         with self._gpu("loading weights"):
             for t, v in checked.values():  # all checked first: a bad file changes nothing
                 self._write(t, v)
-
-
-def _fits(t, v):
-    """Refuse values an f16 tensor cannot hold (beyond 65504 they would become infinite)."""
-    if t["dtype"] == "f16" and v.dtype != np.float16 and np.abs(v).max(initial=0.0) > F16_MAX:
-        raise ValueError(f"{t['role']} {t['name']!r} is stored in half precision (compiled with f16 weights) and "
-                         f"cannot hold values beyond {F16_MAX:g}")
 
 
 def _in_background(calls: dict, threads: int | None = None):
@@ -560,37 +572,3 @@ def _variant(d: dict, device_class: str) -> dict:
     """A dispatch as `device_class` runs it: its variant's kernel and workgroups, if any."""
     v = d.get("variants", {}).get(device_class)
     return d if v is None else {**d, "kernel": v["kernel"], "workgroups": v["workgroups"], "lifted": v.get("lifted")}
-
-
-def _rows(inputs):
-    firsts = {np.shape(v)[0] for v in inputs.values() if np.ndim(v) > 0}
-    return firsts.pop() if len(firsts) == 1 else None
-
-
-def _pad(v, start, b):
-    v = np.asarray(v)
-    part = v[start:start + b]
-    if part.shape[0] == b:
-        return part
-    pad = np.zeros((b - part.shape[0],) + part.shape[1:], dtype=part.dtype)
-    return np.concatenate([part, pad])
-
-
-def _coerce(name, value, t, check_finite=True):
-    arr = np.asarray(value)
-    if list(arr.shape) != list(t["shape"]):
-        raise ValueError(f"input {name!r} has shape {list(arr.shape)}; the model expects {t['shape']}")
-    if t["dtype"] == "i32":
-        if arr.dtype.kind not in "iub":
-            raise TypeError(f"input {name!r} holds {arr.dtype} values; it takes integers")
-        if arr.size and (arr.min() < -(2 ** 31) or arr.max() >= 2 ** 31):
-            raise ValueError(f"input {name!r} has values outside the 32-bit range")
-        return arr.astype(np.int32)
-    if arr.dtype.kind not in "fiub":
-        raise TypeError(f"input {name!r} holds {arr.dtype} values; it takes numbers")
-    arr = arr.astype(np.float32)
-    if check_finite and not np.isfinite(arr).all():
-        bad = np.argwhere(~np.isfinite(arr))[0]
-        raise ValueError(f"input {name!r} holds NaN or infinity (first at index {tuple(int(i) for i in bad)}, "
-                         f"{arr[tuple(bad)]}); pass check_finite=False to allow it")
-    return arr

@@ -40,3 +40,39 @@ def matmul_case(sa, sb, ta=False, tb=False, seed=0):
 def assert_close(got, refs, tol=1e-4):
     for k, ref in refs.items():
         assert np.abs(got[k] - ref).max() / np.abs(ref).max() < tol, k
+
+
+class _Held:
+    """A tuned tier that never comes: a quick_start Session stays on its quick tier."""
+
+    error = None
+
+    def __init__(self, *args):
+        pass
+
+    def done(self):
+        return False
+
+    def wait(self, timeout=None):
+        raise TimeoutError("held")
+
+    def cancel(self):
+        pass
+
+
+def session(device, pkg, variant: str):
+    """A Session running `variant`'s kernels: "cpu" or "gpu" (device classes), or "quick" (the
+    GPU's quick tier, held there: its tuned kernels never replace it)."""
+    from meganeura.runtime import Session
+    from meganeura.runtime import session as session_module
+
+    if variant != "quick":
+        return Session(device, pkg, device_class=variant)
+    real, session_module.TunedTier = session_module.TunedTier, _Held
+    try:
+        s = Session(device, pkg, device_class="gpu", quick_start=True)
+    finally:
+        session_module.TunedTier = real
+    quick = any("quick" in d.get("variants", {}) for p in pkg.programs.values() for d in p["dispatches"])
+    assert s.tier == ("quick" if quick else "tuned")  # (fused attention has no quick variant)
+    return s

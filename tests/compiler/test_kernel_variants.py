@@ -6,6 +6,7 @@ import pytest
 from kernel_cases import assert_close as _assert_close
 from kernel_cases import conv_with_gradients as _conv_with_gradients
 from kernel_cases import matmul_case as _matmul_case
+from kernel_cases import session as _session
 from meganeura.compiler import Builder, compile_model
 from meganeura.runtime import Package, Session
 
@@ -37,7 +38,7 @@ def test_gemm_plans_by_shape():
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("device_class", ["cpu", "gpu"])
+@pytest.mark.parametrize("device_class", ["cpu", "gpu", "quick"])
 def test_matmul_variants(name, device_class, device):
     sa, sb, ta, tb = CASES[name]
     rng = np.random.default_rng(1)
@@ -45,20 +46,22 @@ def test_matmul_variants(name, device_class, device):
     a_in, b_in = b.input("a", sa), b.input("b", sb)
     b.output("c", b.matmul(a_in, b_in, trans_a=ta, trans_b=tb))
     pkg = Package.from_bytes(compile_model(b.build()))
-    s = Session(device, pkg, device_class=device_class)
+    s = _session(device, pkg, device_class)
     A, B = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
     ref = np.matmul(np.swapaxes(A, -1, -2) if ta else A.astype(np.float64), np.swapaxes(B, -1, -2) if tb else B)
     got = s.run("infer", {"a": A, "b": B})["c"]
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
     labels = [pkg.manifest["kernels"][d.get("variants", {}).get(device_class, d)["kernel"]]["label"]
               for d in pkg.programs["infer"]["dispatches"]]
-    assert any(("(cpu)" in lab) == (device_class == "cpu") for lab in labels if lab.startswith("matmul"))
+    tags = {"gpu": (), "cpu": ("(cpu)",), "quick": ("(quick)",)}[device_class]
+    assert any(all(t in lab for t in tags) and not any(t in lab for t in {"(cpu)", "(quick)"} - set(tags))
+               for lab in labels if lab.startswith("matmul"))
 
 
-@pytest.mark.parametrize("device_class", ["cpu", "gpu"])
+@pytest.mark.parametrize("device_class", ["cpu", "gpu", "quick"])
 def test_conv_gradients_on_both_variants(device_class, device):
     model, vals, refs = _conv_with_gradients((2, 3, 30, 30), (8, 3, 3, 3), 2, seed=2)
-    _assert_close(Session(device, Package.from_bytes(compile_model(model)), device_class=device_class).run(
+    _assert_close(_session(device, Package.from_bytes(compile_model(model)), device_class).run(
         "infer", vals), refs)
 
 
@@ -176,7 +179,7 @@ def test_edge_guards_match_the_tiles(plan, monkeypatch):
     for model in models:
         for k in Package.from_bytes(compile_model(model)).manifest["kernels"]:
             w = k["wgsl"]
-            if "fn load_a(" not in w or k["label"].endswith("(cpu)"):
+            if "fn load_a(" not in w or k["label"].endswith(("(cpu)", "(quick)")):  # (all guarded)
                 continue
             c = _consts(w)
             tile = int(re.search(r"let row0 = wg\.y \* (\d+)u;", w).group(1)) if "acc0l" in w else 4 * c["TG"]
@@ -291,7 +294,7 @@ def test_128_tiles_on_two_buffers(case, steps, device, monkeypatch):
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
-@pytest.mark.parametrize("device_class", ["cpu", "gpu"])
+@pytest.mark.parametrize("device_class", ["cpu", "gpu", "quick"])
 def test_conv_on_split_128_tiles(device_class, device, monkeypatch):
     """GEMM_PLAN["big_split"]: a convolution whose M and N fill 128-tiles but whose tiles are too
     few runs on them with split-K (partials, then a sum), forward and both gradients."""
@@ -303,11 +306,11 @@ def test_conv_on_split_128_tiles(device_class, device, monkeypatch):
     pkg = Package.from_bytes(compile_model(model))
     labels = [k["label"] for k in pkg.manifest["kernels"]]
     assert any("/splitk-sum" in lab for lab in labels), labels
-    _assert_close(Session(device, pkg, device_class=device_class).run("infer", vals), refs)
+    _assert_close(_session(device, pkg, device_class).run("infer", vals), refs)
 
 
 @pytest.mark.parametrize("k", [48, 3000, 45])  # plain, split-K (sum kernel runs the epilogue), odd K
-@pytest.mark.parametrize("device_class", ["cpu", "gpu"])
+@pytest.mark.parametrize("device_class", ["cpu", "gpu", "quick"])
 def test_matmul_epilogues(k, device_class, device):
     """Bias, GELU and a residual computed in the matmul's store: same numbers as unfused."""
     from meganeura.compiler import run_graph
@@ -324,13 +327,13 @@ def test_matmul_epilogues(k, device_class, device):
     fused = [kk for kk in schedule(prepare(model.graph)).kernels if kk.epilogue]
     assert len(fused) == 1 and len(fused[0].epilogue) >= 4
     vals = {"x": rng.standard_normal((37, k)), "res": rng.standard_normal((37, 50))}
-    got = Session(device, Package.from_bytes(compile_model(model)), device_class=device_class).run("infer", vals)["y"]
+    got = _session(device, Package.from_bytes(compile_model(model)), device_class).run("infer", vals)["y"]
     ref = run_graph(model.graph, vals)[0]["y"]
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("device_class", ["cpu", "gpu"])
+@pytest.mark.parametrize("device_class", ["cpu", "gpu", "quick"])
 def test_fused_attention_both_variants(causal, device_class, device):
     """The fused kernel (workgroup-staged tiles on GPUs, direct reads on CPU rasterisers)
     against torch: more than one tile of keys and of queries, grouped-query heads."""
@@ -345,7 +348,7 @@ def test_fused_attention_both_variants(causal, device_class, device):
     model = b.build()
     assert [kk.kind for kk in schedule(prepare(model.graph)).kernels] == ["attention"]
     vals = {n: rng.standard_normal(s) for n, s in (("q", (2, 4, 70, 16)), ("k", (2, 2, 75, 16)), ("v", (2, 2, 75, 16)))}
-    got = Session(device, Package.from_bytes(compile_model(model)), device_class=device_class).run("infer", vals)["o"]
+    got = _session(device, Package.from_bytes(compile_model(model)), device_class).run("infer", vals)["o"]
     tq, tk, tv = (torch.tensor(vals[n]) for n in "qkv")
     mask = None
     if causal:  # the last query sees every key (offset T - S), as the op defines it
@@ -379,7 +382,7 @@ def test_wide_heads_stage_fewer_keys(d, device):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("device_class", ["cpu", "gpu"])
+@pytest.mark.parametrize("device_class", ["cpu", "gpu", "quick"])
 def test_fused_attention_with_split_keys(causal, device_class, device):
     """Few query blocks and many keys: the keys are split across workgroups and the partial
     softmaxes merged by a second kernel; same answer as torch."""
@@ -394,14 +397,14 @@ def test_fused_attention_with_split_keys(causal, device_class, device):
     labels = [pkg.manifest["kernels"][d["kernel"]]["label"] for d in pkg.programs["infer"]["dispatches"]]
     assert labels == ["attention", "attention/merge"], labels
     vals = {n: rng.standard_normal(s) for n, s in shapes.items()}
-    got = Session(device, pkg, device_class=device_class).run("infer", vals)["o"]
+    got = _session(device, pkg, device_class).run("infer", vals)["o"]
     mask = torch.ones(40, 700, dtype=torch.bool).tril(diagonal=660) if causal else None
     ref = torch.nn.functional.scaled_dot_product_attention(*(torch.tensor(vals[n]) for n in "qkv"),
                                                            attn_mask=mask).numpy()
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
 
 
-@pytest.mark.parametrize("device_class", ["cpu", "gpu"])
+@pytest.mark.parametrize("device_class", ["cpu", "gpu", "quick"])
 def test_attention_reads_head_transposes_in_place(device_class, device):
     """q, k, v made as [b, t, h, d] and transposed to [b, h, t, d] (as every transformer
     builds them) are read through strides: no transpose kernels, the same answer."""
@@ -419,7 +422,7 @@ def test_attention_reads_head_transposes_in_place(device_class, device):
     kinds = [k.kind for k in schedule(prepare(model.graph)).kernels]
     assert "elementwise" not in kinds and kinds.count("attention") == 1, kinds
     X = rng.standard_normal((2, 11, 24))
-    got = Session(device, Package.from_bytes(compile_model(model)), device_class=device_class).run("infer", {"x": X})["o"]
+    got = _session(device, Package.from_bytes(compile_model(model)), device_class).run("infer", {"x": X})["o"]
     tx = torch.tensor(X)
     q, k, v = (torch.nn.functional.linear(tx, torch.tensor(model.graph.values[f"{n}.weight"], dtype=torch.float64))
                .view(2, 11, 3, 8)
@@ -429,7 +432,7 @@ def test_attention_reads_head_transposes_in_place(device_class, device):
 
 
 @pytest.mark.parametrize("k", [24, 3000])  # one pass; split-K (partials, then a sum running the store)
-@pytest.mark.parametrize("device_class", ["cpu", "gpu"])
+@pytest.mark.parametrize("device_class", ["cpu", "gpu", "quick"])
 def test_matmul_prologues(k, device_class, device, monkeypatch):
     """With GEMM prologues on, GELU(x * g + b) and ReLU(w) are computed in the matmul's loads
     (A and B), not stored: same numbers as the interpreter."""
@@ -445,7 +448,7 @@ def test_matmul_prologues(k, device_class, device, monkeypatch):
     pkg = Package.from_bytes(compile_model(model))
     assert any(kk["label"].startswith("matmul(prologue)") for kk in pkg.manifest["kernels"])
     vals = {"x": rng.standard_normal((37, k)), "w": rng.standard_normal((k, 20))}
-    got = Session(device, pkg, device_class=device_class).run("infer", vals)["y"]
+    got = _session(device, pkg, device_class).run("infer", vals)["y"]
     ref = run_graph(model.graph, vals)[0]["y"]
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
 

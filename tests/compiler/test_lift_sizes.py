@@ -154,7 +154,7 @@ def test_a_kernel_reading_more_sizes_than_it_declares_is_refused_at_load(device,
 
     model, _ = cnn_with_size_variants
     m = Package.from_bytes(compile_model(model)).manifest
-    k = next(k for k in m["kernels"] if k.get("lifted"))
+    k = next(k for k in m["kernels"] if k.get("lifted") and not k["label"].endswith("(quick)"))  # (one the GPU runs)
     k["wgsl"] = k["wgsl"].replace("var<uniform> mn_sizes: array<vec4<u32>, ", "var<uniform> mn_sizes: array<vec4<u32>, 16 + ")
     k["sha256"] = hashlib.sha256(k["wgsl"].encode()).hexdigest()
     from meganeura.runtime.package import validate_manifest
@@ -191,3 +191,59 @@ def test_constant_places_and_block_comments(code):
                                   "struct S { a: array<f32, 4> }\nfn main() { let q = 3u; }"])
 def test_value_and_struct_arrays_leave_the_kernel_alone(code):
     assert lift_sizes.skeleton(code) is None
+
+
+def test_the_quick_tier_joins_kernels_lift_keeps_apart():
+    """quick_tier lifts divisors and constants too, into a variant the quick tier runs; the
+    kernels the GPU runs after it keep theirs."""
+    kernels = [_kernel(div=5, n=10), _kernel(div=8, n=20, width=6), _kernel(div=5, n=30)]
+    quick, programs = lift_sizes.quick_tier(kernels, _programs(0, 1, 2))
+    fam = quick[-1]
+    assert fam["label"] == "copy (quick)" and fam["lifted"] == 3
+    assert "f32(idx / mn_sizes[0u][2u])" in fam["wgsl"] and "WIDTH" not in fam["wgsl"]  # (an unused constant)
+    ds = programs["infer"]["dispatches"]
+    assert [d["variants"]["quick"]["lifted"] for d in ds] == [[10, 5, 5], [20, 8, 8], [30, 5, 5]]
+    assert {d["variants"]["quick"]["kernel"] for d in ds} == {len(quick) - 1}
+    assert [quick[d["kernel"]]["wgsl"] for d in ds] == [k["wgsl"] for k in kernels]  # theirs untouched
+    lifted, programs = lift_sizes.lift(quick, programs)  # then lift: 0 and 2 (sizes apart) as one
+    assert len(lifted) == 3 and lifted[programs["infer"]["dispatches"][0]["variants"]["quick"]["kernel"]] == fam
+
+
+def test_no_quick_family_where_lift_makes_the_same_one():
+    kernels, programs = lift_sizes.quick_tier([_kernel(n=10), _kernel(n=20)], _programs(0, 1))
+    assert len(kernels) == 2 and all("variants" not in d for d in programs["infer"]["dispatches"])
+
+
+def test_gemms_of_one_form_share_their_quick_kernel(cnn_with_size_variants):
+    """Each GEMM gets igemm_quick (one loop, loads written once) as its quick variant; those
+    that differ only in sizes (here the convolutions' forward passes) are one kernel."""
+    model, _ = cnn_with_size_variants
+    m = Package.from_bytes(compile_model(model, TrainConfig(loss="mse", optimizer="adamw"))).manifest
+    ds = [d for p in m["programs"].values() for d in p["dispatches"]]
+    gemms = [d for d in ds if "fn load_a(" in m["kernels"][d["kernel"]]["wgsl"]]
+    assert gemms and all("quick" in d["variants"] for d in gemms)
+    conv = {d["kernel"]: d["variants"]["quick"]["kernel"] for d in gemms
+            if m["kernels"][d["kernel"]]["label"] == "conv2d" and "partial" not in m["kernels"][d["kernel"]]["wgsl"]}
+    assert len(conv) >= 2 and len(set(conv.values())) == 1
+    assert len({d["variants"]["quick"]["kernel"] for d in gemms}) < len({d["kernel"] for d in gemms})
+
+
+def test_a_constant_declared_twice_with_two_values_stays_a_name():
+    code = "fn a() { const T: u32 = 4u; let x = T; }\nfn b() { const T: u32 = 8u; let y = T; }\nconst S: u32 = 3u;\nfn c() { let z = S * 2u; }"
+    text = lift_sizes._inline_constants(code)
+    assert text.count("const T: u32") == 2 and "const S" not in text and "let z = 3u * 2u;" in text
+
+
+def test_the_runtime_refuses_a_variant_whose_sizes_do_not_fit_its_kernel(cnn_with_size_variants):
+    from meganeura.runtime.package import validate_manifest
+
+    model, _ = cnn_with_size_variants
+    m = Package.from_bytes(compile_model(model, TrainConfig(loss="mse", optimizer="adamw"))).manifest
+    v = next(d["variants"]["quick"] for p in m["programs"].values() for d in p["dispatches"]
+             if d.get("variants", {}).get("quick", {}).get("lifted"))
+    v["lifted"] = v["lifted"][:-1]
+    with pytest.raises(PackageError, match=r"variants\['quick'\]\.lifted: .* values for a kernel that reads"):
+        validate_manifest(m)
+    v.pop("lifted")
+    with pytest.raises(PackageError, match=r"variants\['quick'\]"):
+        validate_manifest(m)

@@ -1,0 +1,72 @@
+"""A Session's programs as its pipelines and bind groups, and the quick tier
+(Session(quick_start=True)): the driver compiles few, cheap kernels first (each GEMM's
+igemm_quick, other kernels lifted into fewer, compiler/lift_sizes.quick_tier), so that a first
+launch runs sooner; the tuned kernels compile behind them on threads and replace them in every
+program at once, between two of the host's recordings."""
+from __future__ import annotations
+
+from .threads import OnThread, in_background
+
+
+def kernels_of(forms: dict) -> set:
+    """The kernels that programs' dispatches, in these forms, run."""
+    return {d["kernel"] for steps in forms.values() for d, _ in steps}
+
+
+def assemble(forms: dict, kernels: dict, groups: dict) -> dict:
+    """Program -> [(pipeline, bind group, workgroups, their native handles)], what record() encodes."""
+    programs = {}
+    for name, steps in forms.items():
+        programs[name] = []
+        for d, key in steps:
+            pipeline, group = kernels[d["kernel"]][0], groups[key]
+            programs[name].append((pipeline, group, tuple(d["workgroups"]),
+                                   getattr(pipeline, "_internal", None), getattr(group, "_internal", None)))
+    return programs
+
+
+class TunedTier:
+    """The tuned kernels of `forms` compiled on `threads` threads behind a Session running its
+    quick tier, their bind groups made, then every program swapped at once (record() takes a
+    program's list whole: a recording has one tier or the other, and both compute the same).
+    The quick tier's objects are kept until the Session closes."""
+
+    def __init__(self, session, forms: dict, threads: int):
+        self.session, self.forms, self.error, self._cancelled = session, forms, None, False
+        kernels = session.package.manifest["kernels"]
+        todo = sorted(((i, kernels[i]) for i in kernels_of(forms) - set(session.kernels)),
+                      key=lambda ik: -len(ik[1]["wgsl"]))  # the longest first, as the first tier's
+        self._compiles = in_background({i: (session._pipeline, i, k, False) for i, k in todo}, threads)
+        self._thread = OnThread(self._swap_in, name="meganeura-tuned")
+
+    def _swap_in(self):
+        s = self.session
+        try:
+            made = {**s.kernels, **self._compiles()}
+            groups = dict(s._groups)
+            for name, steps in self.forms.items():
+                for j, (_, key) in enumerate(steps):
+                    if key not in groups:
+                        groups[key] = s._bind_group(name, j, *key)
+            programs = assemble(self.forms, made, groups)
+        except BaseException as exc:  # noqa: BLE001  (raised by the Session's next recording)
+            if not self._cancelled:
+                self.error = exc
+            return
+        if not self._cancelled:
+            s._retired.append(s.programs)
+            s.kernels, s._groups, s.programs, s.tier = made, groups, programs, "tuned"
+
+    def done(self) -> bool:
+        return self._thread.done()
+
+    def wait(self, timeout: float | None = None) -> None:
+        self._thread.wait(timeout)
+        if self.error is not None:
+            raise self.error
+
+    def cancel(self) -> None:
+        """Stop compiling what has not started, and wait for what has (a Session closing)."""
+        self._cancelled = True
+        self._compiles(quiet=True)
+        self._thread.join()

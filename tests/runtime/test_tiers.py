@@ -1,0 +1,126 @@
+"""runtime/tiers.py: Session(quick_start=True) runs the quick tier's kernels first (few, cheap to
+compile) and the tuned ones once they have compiled behind it; both compute the same."""
+import threading
+
+import numpy as np
+import pytest
+from meganeura.compiler import TrainConfig, compile_model, run_graph
+from meganeura.compiler.training import build_training_graph
+from meganeura.runtime import Package, PackageError, Session
+
+CONFIG = TrainConfig(loss="mse", optimizer="adamw", lr=1e-2)
+
+
+@pytest.fixture
+def cnn(cnn_with_size_variants):
+    model, inputs = cnn_with_size_variants
+    return model, inputs, Package.from_bytes(compile_model(model, CONFIG))
+
+
+def _tuned_compiles_wait_for(monkeypatch) -> threading.Event:
+    """The tuned tier's compiles (Session._pipeline(..., counted=False)) wait for the event."""
+    gate, real = threading.Event(), Session._pipeline
+
+    def held(self, i, k, counted=True):
+        if not counted:
+            assert gate.wait(60)
+        return real(self, i, k, counted)
+    monkeypatch.setattr(Session, "_pipeline", held)
+    return gate
+
+
+def _steps(session, inputs, n=3):
+    return [float(session.run("train_step", inputs)["loss"]) for _ in range(n)]
+
+
+def test_the_quick_tier_trains_like_the_tuned_one_and_the_interpreter(device, monkeypatch, cnn):
+    model, inputs, pkg = cnn
+    m = pkg.manifest
+    quick = {d.get("variants", {}).get("quick", d)["kernel"] for p in m["programs"].values() for d in p["dispatches"]}
+    tuned = {d["kernel"] for p in m["programs"].values() for d in p["dispatches"]}
+    assert len(quick) < len(tuned)  # fewer pipelines first (and the GEMMs' cheap to compile)
+    gate = _tuned_compiles_wait_for(monkeypatch)
+    fast = Session(device, pkg, device_class="gpu", quick_start=True)
+    assert fast.tier == "quick"
+    with pytest.raises(TimeoutError):
+        fast.wait_tuned(timeout=0.05)
+    plain = Session(device, pkg, device_class="gpu")
+    tg = build_training_graph(model.graph, CONFIG)
+    values, refs = {}, []
+    for _ in range(3):
+        ref, assigned = run_graph(tg, {**inputs, "__row_mask": np.ones(2)}, np.float64, values)
+        values.update(assigned)
+        refs.append(float(ref["loss"]))
+    got, want = _steps(fast, inputs), _steps(plain, inputs)
+    assert fast.tier == "quick"  # (all three steps ran on it)
+    np.testing.assert_allclose(got, refs, rtol=1e-4)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for name, w in plain.weights().items():
+        np.testing.assert_allclose(fast.read_tensor(name), w, rtol=1e-4, atol=1e-6, err_msg=name)
+    gate.set()
+    fast.close()
+
+
+def test_the_tuned_kernels_take_over_between_recordings(device, monkeypatch, cnn):
+    _, inputs, pkg = cnn
+    gate = _tuned_compiles_wait_for(monkeypatch)
+    s = Session(device, pkg, device_class="gpu", quick_start=True)
+    first = [step[0] for step in s.programs["train_step"]]
+    losses = _steps(s, inputs, 2)
+    gate.set()
+    s.wait_tuned(timeout=60)
+    assert s.tier == "tuned"
+    now = [step[0] for step in s.programs["train_step"]]
+    assert sum(a is not b for a, b in zip(first, now)) > 0  # the quick GEMMs replaced
+    losses += _steps(s, inputs, 2)
+    np.testing.assert_allclose(losses, _steps(Session(device, pkg, device_class="gpu"), inputs, 4), rtol=1e-5)
+    again = s.rebuild(device)
+    assert again.quick_start
+    again.close()
+
+
+def test_closing_while_the_tuned_tier_compiles_stops_it(device, monkeypatch, cnn):
+    _, inputs, pkg = cnn
+    gate = _tuned_compiles_wait_for(monkeypatch)
+    s = Session(device, pkg, device_class="gpu", quick_start=True)
+    threading.Timer(0.2, gate.set).start()  # the compiles under way finish; the others never start
+    s.close()
+    assert s.tier == "quick" and s.programs == {}
+    assert not [t for t in threading.enumerate() if t.name.startswith(("meganeura-load", "meganeura-tuned"))]
+    with pytest.raises(RuntimeError, match="closed"):
+        s.run("train_step", inputs)
+
+
+def test_a_tuned_kernel_the_compiler_rejects_is_raised_by_the_next_run(device, cnn):
+    _, inputs, pkg = cnn
+    m = pkg.manifest
+    quick = {d.get("variants", {}).get("quick", d)["kernel"] for p in m["programs"].values() for d in p["dispatches"]}
+    broken = dict(m, kernels=[k if i in quick else dict(k, wgsl=k["wgsl"] + "\nfn broken() { let x: f32 = 1u; }")
+                              for i, k in enumerate(m["kernels"])])
+    s = Session(device, Package(broken, pkg.weights), device_class="gpu", quick_start=True)
+    with pytest.raises(PackageError, match="rejected by the WGSL compiler"):
+        s.wait_tuned(timeout=60)
+    with pytest.raises(PackageError, match="rejected by the WGSL compiler"):
+        s.run("train_step", inputs)
+    s.close()
+
+
+def test_cpu_rasterisers_run_their_own_kernels_from_the_start(device, cnn):
+    _, inputs, pkg = cnn
+    s = Session(device, pkg, device_class="cpu", quick_start=True)
+    assert s.tier == "tuned" and s._tuned is None
+    s.wait_tuned(timeout=0)
+    assert np.isfinite(s.run("train_step", inputs)["loss"])
+
+
+def test_a_background_load_is_done_with_its_quick_tier(device, monkeypatch, cnn):
+    _, inputs, pkg = cnn
+    gate = _tuned_compiles_wait_for(monkeypatch)
+    loading = Session.load_in_background(device, pkg, quick_start=True, device_class="gpu")
+    s = loading.result(timeout=60)
+    assert loading.progress == 1.0 and s.tier == "quick"
+    want = _steps(Session(device, pkg, device_class="gpu"), inputs, 2)
+    got = _steps(s, inputs, 1)
+    gate.set()
+    s.wait_tuned(timeout=60)
+    np.testing.assert_allclose(got + _steps(s, inputs, 1), want, rtol=1e-5)
