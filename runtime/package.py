@@ -114,10 +114,10 @@ class Package:
 
     @classmethod
     def _open(cls, path) -> Package:
-        """The manifest and the weights' layout read and checked now; the rest of the weights
-        read and checked against their checksums on a thread (a Session made from a path makes
-        its pipelines and buffers meanwhile: the manifest they come from is checked, and no
-        weight is uploaded before `weights` has waited for its checksum)."""
+        """The manifest read and checked now; the weights read, their layout and bytes checked
+        against their checksums, on a thread (a Session made from a path makes its pipelines and
+        buffers meanwhile: the manifest they come from is checked, and no weight is uploaded
+        before `weights` has waited for its checksum)."""
         try:
             f = open(path, "rb")
         except OSError as exc:
@@ -126,31 +126,31 @@ class Package:
             size = os.fstat(f.fileno()).st_size
             read = FileReader(f, size, lambda why: PackageError(f"cannot read package {path}: {why}"))
             manifest, start, end = _head(read.bytes, size)
-            ck = manifest["blob_checksum"]
             try:
                 blob = memoryview(np.empty(end - start, np.uint8))  # untouched pages (FileReader says why)
             except MemoryError:
                 raise PackageError(f"package {path}: {end - start} bytes of weights do not fit in memory") from None
-            # the chunks holding the safetensors header first: its offsets are checked now
-            chunk = ck["chunk_bytes"]
-            head = min(len(blob), chunk)
-            read.into(blob, start, 0, head, READ_STEP)
-            if head >= 8:  # a header longer than a chunk: the chunks up to its end
-                (n,) = struct.unpack_from("<Q", blob, 0)
-                more = min(len(blob), -(-(8 + min(n, len(blob))) // chunk) * chunk)
-                if more > head:
-                    read.into(blob, start, head, more, READ_STEP)
-                    head = more
-            _check_blob(blob, ck, 0, head)
-            layout = _weights_layout(blob[:head], len(blob), manifest)
         except BaseException:
             f.close()
             raise
         package = cls(manifest, None, size)
         package._cancel = cancel = threading.Event()
+        ck = manifest["blob_checksum"]
 
         def rest():
             with f:
+                # the chunks holding the safetensors header first: its offsets are checked first
+                chunk = ck["chunk_bytes"]
+                head = min(len(blob), chunk)
+                read.into(blob, start, 0, head, READ_STEP, cancel)
+                if head >= 8:  # a header longer than a chunk: the chunks up to its end
+                    (n,) = struct.unpack_from("<Q", blob, 0)
+                    more = min(len(blob), -(-(8 + min(n, len(blob))) // chunk) * chunk)
+                    if more > head:
+                        read.into(blob, start, head, more, READ_STEP, cancel)
+                        head = more
+                _check_blob(blob, ck, 0, head)
+                layout = _weights_layout(blob[:head], len(blob), manifest)
                 read.into(blob, start, head, len(blob), READ_STEP, cancel)
             _check_blob(blob, ck, head, len(blob))
             return _weight_views(blob, layout)

@@ -21,7 +21,7 @@ from .lifted_sizes import alignment, layout, manifest_values, sizes_buffer, slic
 from .loading import SWITCH_INTERVAL, LoadingSession, default_threads
 from .package import DTYPES, Package, PackageError, workgroup_bytes
 from .threads import in_background
-from .tiers import TunedTier, assemble, kernels_of
+from .tiers import TunedTier, assemble
 
 # threads writing the weights at load (each write copies into a staging buffer of the driver's).
 # H200, 1 / 4 / 8 threads: SD-1.5 warm 1.74 / 1.33 / 1.21 s but cold 2.57 / 2.60 / 2.68 s (beside
@@ -91,28 +91,29 @@ class Session:
         self._layouts = {}
         self.device_class = device_class or (
             "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu")
-        # each dispatch as this device class runs it, and its bind group's key (layout, buffers):
-        # pooled scratch makes many dispatches bind alike, and those share one bind group
-        chosen = {name: [self._form(d, self.device_class) for d in p["dispatches"]] for name, p in m["programs"].items()}
-        first = chosen
-        if quick_start and self.device_class == "gpu":  # (CPU rasterisers run their own variants)
-            first = {name: [self._form(d, QUICK) for d in p["dispatches"]] for name, p in m["programs"].items()}
-            self.tier = QUICK if first != chosen else "tuned"
-        used = kernels_of(first)
-        self._check_workgroup_memory(m["kernels"], used | kernels_of(chosen))
+        dispatches = [d for p in m["programs"].values() for d in p["dispatches"]]
+        tuned = {_variant(d, self.device_class)["kernel"] for d in dispatches}
+        first, used = self.device_class, tuned  # the variant run first, and its kernels
+        if quick_start and self.device_class == "gpu" and any(QUICK in d.get("variants", {}) for d in dispatches):
+            first, self.tier = QUICK, QUICK  # (CPU rasterisers run their own variants)
+            used = {_variant(d, QUICK)["kernel"] for d in dispatches}
+        self._check_workgroup_memory(m["kernels"], used | tuned)
         # the driver compiles pipelines, and makes bind groups, on threads while this one
         # uploads the weights
         todo = [(i, k) for i, k in enumerate(m["kernels"]) if i in used]
         uploads = [t for t in self.tensors if t["role"] in ("param", "state", "constant") and t["init"] == "blob"]
         if _progress is not None:
             _progress.expect(len(todo) + len(uploads))
-        for i in used | kernels_of(chosen):
+        for i in used | tuned:
             self._layout(m["kernels"][i])  # shared by kernels: made here, not in the threads
         # the longest kernels first (their WGSL's length: NVIDIA took 100-240 ms on the 8x8-per-thread
         # GEMMs, ~12 on most), so that no long compile starts last and holds up the load alone
         threads = None if _progress is None else min(_progress.threads, LOAD_THREADS)  # (a background load's)
         pipelines = _in_background({i: (self._pipeline, i, k) for i, k in sorted(todo, key=lambda ik: -len(ik[1]["wgsl"]))},
                                    threads)
+        # each dispatch as it runs first, and its bind group's key (layout, buffers): pooled
+        # scratch makes many dispatches bind alike, and those share one bind group
+        first = self._forms(first)
         groups = None
         try:
             self.buffers = self._allocate(m["buffers"])
@@ -138,7 +139,7 @@ class Session:
         self._groups = groups()
         self.programs = assemble(first, self.kernels, self._groups)
         if self.tier == QUICK:  # the host's frames go on beside it: a background load's threads, or the spare cores
-            self._tuned = TunedTier(self, chosen, default_threads() if _progress is None else _progress.threads)
+            self._tuned = TunedTier(self, tuned, default_threads() if _progress is None else _progress.threads)
         self._staging = {}
         self._batch = (m.get("batch") or {}).get("size")
         self._skip_counter = pkg.tensor(SKIPPED, "state")  # None: compiled without the NaN guard
@@ -312,12 +313,16 @@ class Session:
             self._layouts[key] = (bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]))
         return self._layouts[key]
 
-    def _form(self, d, variant):
-        """(a dispatch as `variant` runs it, its bind group's key)."""
-        d = _variant(d, variant)
-        return d, (tuple(self.package.manifest["kernels"][d["kernel"]]["access"]), tuple(d["buffers"]),
-                   tuple(None if r is None else tuple(r) for r in d.get("ranges") or [None] * len(d["buffers"])),
-                   tuple(d.get("lifted") or ()))
+    def _forms(self, variant: str) -> dict:
+        """Program -> [(each dispatch as `variant` runs it, its bind group's key)]."""
+        kernels = self.package.manifest["kernels"]
+
+        def form(d):
+            d = _variant(d, variant)
+            return d, (tuple(kernels[d["kernel"]]["access"]), tuple(d["buffers"]),
+                       tuple(None if r is None else tuple(r) for r in d.get("ranges") or [None] * len(d["buffers"])),
+                       tuple(d.get("lifted") or ()))
+        return {name: [form(d) for d in p["dispatches"]] for name, p in self.package.manifest["programs"].items()}
 
     def _pipeline(self, i, k, counted=True):
         wgpu = self._wgpu

@@ -8,11 +8,6 @@ from __future__ import annotations
 from .threads import OnThread, in_background
 
 
-def kernels_of(forms: dict) -> set:
-    """The kernels that programs' dispatches, in these forms, run."""
-    return {d["kernel"] for steps in forms.values() for d, _ in steps}
-
-
 def assemble(forms: dict, kernels: dict, groups: dict) -> dict:
     """Program -> [(pipeline, bind group, workgroups, their native handles)], what record() encodes."""
     programs = {}
@@ -26,15 +21,15 @@ def assemble(forms: dict, kernels: dict, groups: dict) -> dict:
 
 
 class TunedTier:
-    """The tuned kernels of `forms` compiled on `threads` threads behind a Session running its
-    quick tier, their bind groups made, then every program swapped at once (record() takes a
-    program's list whole: a recording has one tier or the other, and both compute the same).
-    The quick tier's objects are kept until the Session closes."""
+    """The tuned kernels (`used`, the Session's device class's) compiled on `threads` threads
+    behind a Session running its quick tier, their bind groups made, then every program swapped
+    at once (record() takes a program's list whole: a recording has one tier or the other, and
+    both compute the same). The quick tier's objects are kept until the Session closes."""
 
-    def __init__(self, session, forms: dict, threads: int):
-        self.session, self.forms, self.error, self._cancelled = session, forms, None, False
+    def __init__(self, session, used: set, threads: int):
+        self.session, self.error, self._cancelled = session, None, False
         kernels = session.package.manifest["kernels"]
-        todo = sorted(((i, kernels[i]) for i in kernels_of(forms) - set(session.kernels)),
+        todo = sorted(((i, kernels[i]) for i in used - set(session.kernels)),
                       key=lambda ik: -len(ik[1]["wgsl"]))  # the longest first, as the first tier's
         self._compiles = in_background({i: (session._pipeline, i, k, False) for i, k in todo}, threads)
         self._thread = OnThread(self._swap_in, name="meganeura-tuned")
@@ -42,13 +37,14 @@ class TunedTier:
     def _swap_in(self):
         s = self.session
         try:
+            forms = s._forms(s.device_class)
             made = {**s.kernels, **self._compiles()}
             groups = dict(s._groups)
-            for name, steps in self.forms.items():
+            for name, steps in forms.items():
                 for j, (_, key) in enumerate(steps):
                     if key not in groups:
                         groups[key] = s._bind_group(name, j, *key)
-            programs = assemble(self.forms, made, groups)
+            programs = assemble(forms, made, groups)
         except BaseException as exc:  # noqa: BLE001  (raised by the Session's next recording)
             if not self._cancelled:
                 self.error = exc
