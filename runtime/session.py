@@ -8,6 +8,7 @@ its own command encoder, between its render passes.
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import contextmanager
 
 import numpy as np
@@ -20,8 +21,8 @@ from .inputs import coerce, fits, pad, rows
 from .lifted_sizes import alignment, layout, manifest_values, sizes_buffer, slice_bytes
 from .loading import SWITCH_INTERVAL, LoadingSession, default_threads
 from .package import DTYPES, Package, PackageError, workgroup_bytes
-from .threads import in_background
-from .tiers import TunedTier, assemble
+from .threads import OnThread, in_background
+from .tiers import TunedTier, assemble, make_bind_groups
 
 # threads writing the weights at load (each write copies into a staging buffer of the driver's).
 # H200, 1 / 4 / 8 threads: SD-1.5 warm 1.74 / 1.33 / 1.21 s but cold 2.57 / 2.60 / 2.68 s (beside
@@ -111,35 +112,32 @@ class Session:
         threads = None if _progress is None else min(_progress.threads, LOAD_THREADS)  # (a background load's)
         pipelines = _in_background({i: (self._pipeline, i, k) for i, k in sorted(todo, key=lambda ik: -len(ik[1]["wgsl"]))},
                                    threads)
-        # each dispatch as it runs first, and its bind group's key (layout, buffers): pooled
-        # scratch makes many dispatches bind alike, and those share one bind group
-        first = self._forms(first)
-        groups = None
+        groups, stop = None, threading.Event()
         try:
             self.buffers = self._allocate(m["buffers"])
             self._sizes = sizes_buffer(self.device, self._sizes_layout)
             self.allocated_bytes += self._sizes_layout[0]
-            binds = {}  # bind group key -> the first dispatch using it
-            for name, steps in first.items():
-                for j, (_, key) in enumerate(steps):
-                    binds.setdefault(key, (self._bind_group, name, j, *key))
-            groups = in_background(binds, BIND_GROUP_THREADS)
+            # each dispatch as it runs first, its bind group's key and the groups, on a thread
+            groups = OnThread(lambda: make_bind_groups(self, first, BIND_GROUP_THREADS, {}, stop), "meganeura-bind")
             with self._gpu("uploading the weights"):
                 self._upload(uploads, pkg.weights)
         except BaseException:
-            for pending in (pipelines, groups):  # no thread outlives the constructor; the upload's error is the one to see
-                if pending is not None:
-                    pending(quiet=True)
+            stop.set()  # no thread outlives the constructor; the upload's error is the one to see
+            pipelines(quiet=True)
+            if groups is not None:
+                groups.join()
             raise
         try:
             self.kernels = pipelines()
         except BaseException:
-            groups(quiet=True)
+            stop.set()
+            groups.join()
             raise
-        self._groups = groups()
+        first, self._groups = groups.wait()
         self.programs = assemble(first, self.kernels, self._groups)
         if self.tier == QUICK:  # the host's frames go on beside it: a background load's threads, or the spare cores
-            self._tuned = TunedTier(self, tuned, default_threads() if _progress is None else _progress.threads)
+            self._tuned = TunedTier(self, tuned, default_threads() if _progress is None else _progress.threads,
+                                    BIND_GROUP_THREADS)
         self._staging = {}
         self._batch = (m.get("batch") or {}).get("size")
         self._skip_counter = pkg.tensor(SKIPPED, "state")  # None: compiled without the NaN guard
