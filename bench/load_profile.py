@@ -82,10 +82,12 @@ def main(argv=None):
                     help="the first Session made from the file (read while it compiles; session_s includes it)")
     ap.add_argument("--bind-group-threads", type=int, default=None, help="session.BIND_GROUP_THREADS (default: as set)")
     ap.add_argument("--quick-start", action="store_true",
-                    help="Session(quick_start=True): session_s until its quick tier runs, tuned_s until the tuned kernels do")
+                    help="Session(quick_start=True): session_s until its quick tier runs, tuned_s until the tuned kernels "
+                         "do; timeline is the first tier's, the pipeline sums and families cover both tiers")
     ap.add_argument("--quick-keep-divisors", action="store_true", help="lift_sizes.QUICK_DIVISORS = False")
     ap.add_argument("--warm-driver", action="store_true",
-                    help="compile a trivial pipeline first, as a host's own pipelines would (driver_start.py)")
+                    help="make a few pipelines, layouts and a buffer first, as a game has by the time it loads a model "
+                         "(driver_start.py)")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
     from meganeura.compiler import lift_sizes

@@ -139,14 +139,15 @@ def _round_torch_weights(module, names) -> int:
 
 
 def _quick_runs(session, case) -> list:
-    """[program, wall ms, tier after it] of two runs of each program right after a quick_start
-    load: what a host gets from the quick tier before the tuned kernels take over."""
+    """[program, wall ms, tier before it, tier after it] of two runs of each program right after
+    a quick_start load: what a host gets from the quick tier before the tuned kernels take over
+    (a run whose tiers differ may have run on either)."""
     feeds = {"infer": {k: v for k, v in case.inputs.items() if k != "labels"}, "train_step": case.inputs}
     runs = []
     for program in [p for p in ("infer", "train_step") if p in session.programs] * 2:
-        t = time.perf_counter()
+        tier, t = session.tier, time.perf_counter()
         session.run(program, feeds[program])
-        runs.append([program, (time.perf_counter() - t) * 1e3, session.tier])
+        runs.append([program, (time.perf_counter() - t) * 1e3, tier, session.tier])
     return runs
 
 
@@ -287,8 +288,9 @@ def main(argv=None):
                     help="f16: inference-only packages with weights stored in half precision (compile_model's "
                          "weights='f16'); PyTorch's autocast f16 inference timed beside them")
     ap.add_argument("--warm-driver", action="store_true",
-                    help="compile two trivial pipelines before the first workload, as a host's own would: the "
-                         "driver's start-up in this process (info's driver_start) is then no workload's first launch")
+                    help="make a few pipelines, layouts and a buffer before the first workload, as a game has by the "
+                         "time it loads a model: the driver's start-up in this process (info's driver_start, "
+                         "driver_start.py) is then no workload's first launch")
     ap.add_argument("--quick-start", action="store_true",
                     help="the first launch as Session(quick_start=True): load_s until its quick tier runs, "
                          "load_tuned_s until the tuned kernels do, and the quick tier's run times")

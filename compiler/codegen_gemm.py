@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .codegen import (
+    MAX_GROUPS,
     WG,
     KernelCode,
     _Bindings,
@@ -425,10 +426,12 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     code.gemm_decls, code.gemm_store = decls, st  # for variants with other main loops
     # CPU rasterisers: same bindings and split, a barrier-free kernel with its own grid
     cpu = render("igemm_cpu", COMMON=common)
-    # the quick tier (Session(quick_start=True)): a kernel fast to compile, until this one has
-    quick = render("igemm_quick", COMMON=common)
-    code.variants = {"cpu": (cpu, (8, 8, 1), (-(-n // 32), -(-m // 32), groups * split)),
-                     "quick": (quick, (16, 16, 1), (-(-n // 16), -(-m // 16), groups * split))}
+    code.variants = {"cpu": (cpu, (8, 8, 1), (-(-n // 32), -(-m // 32), groups * split))}
+    # the quick tier (Session(quick_start=True)): a kernel fast to compile, until this one has;
+    # none where its 16-tiles need more workgroups than a device allows (the tuned kernel runs)
+    quick_groups = (-(-n // 16), -(-m // 16), groups * split)
+    if max(quick_groups) <= MAX_GROUPS:
+        code.variants["quick"] = (render("igemm_quick", COMMON=common), (16, 16, 1), quick_groups)
     if split == 1:
         return code
     code.temps = {temp: split * groups * m * n * 4}

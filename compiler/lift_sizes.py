@@ -133,7 +133,9 @@ def _inline_constants(text: str) -> str:
     values = {}
     for m in _U32_CONST.finditer(text):
         values.setdefault(m.group(1), set()).add(m.group(2))
-    values = {name: v.pop() for name, v in values.items() if len(v) == 1}
+    # (a name also declared some other way, a parameter, a field, a let, stays: its uses are not all the constant's)
+    values = {name: v.pop() for name, v in values.items() if len(v) == 1 and not re.search(
+        rf"\b(?:let|var|fn|struct|alias|override)\s+{name}\b|[(,{{]\s*{name}\s*:", text)}
     if not values:
         return text
     text = _U32_CONST.sub(lambda m: "" if m.group(1) in values else m.group(0), text)

@@ -22,7 +22,8 @@ from .schedule import Schedule, base_of
 
 MAGIC = b"MNPK\r\n\x1a\n"
 FORMAT_NAME = "meganeura-package"
-FORMAT_VERSION = 4  # 4: kernels may read sizes from a uniform buffer (lift_sizes)
+FORMAT_VERSION = 5  # 5: dispatches may carry a "quick" variant; 4: kernels may read sizes from a uniform buffer (lift_sizes)
+VARIANTS_SINCE = {"quick": 5}  # the format version that first carries a variant (older ones: left out)
 ALIGN = 16
 
 
@@ -189,6 +190,8 @@ class PackageBuilder:
         for code in codes:
             entry = self._dispatch(code, where)
             for cls, (wgsl, wgs, groups) in (code.variants or {}).items():
+                if FORMAT_VERSION < VARIANTS_SINCE.get(cls, 0):
+                    continue
                 alt = KernelCode(wgsl, wgs, code.bindings, groups, code.label + f" ({cls})")
                 v = self._dispatch(alt, where)
                 entry.setdefault("variants", {})[cls] = {"kernel": v["kernel"], "workgroups": v["workgroups"]}

@@ -28,8 +28,8 @@ from .workgroup_memory import workgroup_bytes  # noqa: F401  (the Session and te
 
 MAGIC = b"MNPK\r\n\x1a\n"
 FORMAT_NAME = "meganeura-package"
-FORMAT_VERSION = 4  # 4: kernels may read sizes from a uniform buffer ("lifted")
-READABLE_VERSIONS = (3, 4)  # 3: the same without lifted sizes
+FORMAT_VERSION = 5  # 5: dispatches may carry a "quick" variant; 4: kernels may read sizes from a uniform buffer ("lifted")
+READABLE_VERSIONS = (3, 4, 5)  # 4: the same without quick variants, 3: nor lifted sizes
 MAX_LIFTED = 64  # u32 sizes a kernel may read from it (compiler/lift_sizes.py)
 MAX_MANIFEST = 256 << 20
 ROLES = ("input", "param", "state", "constant", "output")
@@ -338,14 +338,14 @@ def validate_manifest(m) -> None:
                 vw = f"{dw}.variants[{cls!r:.20}]"
                 if cls not in VARIANTS:
                     _fail(f"{vw}: unknown variant; known: {VARIANTS}")
+                if cls == "quick" and version < 5:
+                    _fail(f"{vw}: format version {version} has no quick variants")
                 _dict(v, vw)
                 if set(v) - {"kernel", "workgroups", "lifted"}:  # a variant swaps the kernel, never what it binds
                     _fail(f"{vw}: a variant holds only 'kernel', 'workgroups' and 'lifted', not {sorted(set(v))!r:.60}")
                 kv = _int(_key(v, "kernel", vw), f"{vw}.kernel", 0, len(kernels) - 1)
                 if kernels[kv]["access"] != kernels[k]["access"]:
                     _fail(f"{vw}: the variant kernel binds buffers differently")
-                _workgroups(v, vw)
-                _lifted(v, vw, kernels[kv])
                 _workgroups(v, vw)
                 _lifted(v, vw, kernels[kv])
     mem = _dict(_key(m, "memory", "manifest"), "memory")

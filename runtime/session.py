@@ -94,9 +94,9 @@ class Session:
             "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu")
         dispatches = [d for p in m["programs"].values() for d in p["dispatches"]]
         tuned = {_variant(d, self.device_class)["kernel"] for d in dispatches}
-        first, used = self.device_class, tuned  # the variant run first, and its kernels
+        first_variant, used = self.device_class, tuned  # the variant run first, and its kernels
         if quick_start and self.device_class == "gpu" and any(QUICK in d.get("variants", {}) for d in dispatches):
-            first, self.tier = QUICK, QUICK  # (CPU rasterisers run their own variants)
+            first_variant, self.tier = QUICK, QUICK  # (CPU rasterisers run their own variants)
             used = {_variant(d, QUICK)["kernel"] for d in dispatches}
         self._check_workgroup_memory(m["kernels"], used | tuned)
         # the driver compiles pipelines, and makes bind groups, on threads while this one
@@ -118,7 +118,8 @@ class Session:
             self._sizes = sizes_buffer(self.device, self._sizes_layout)
             self.allocated_bytes += self._sizes_layout[0]
             # each dispatch as it runs first, its bind group's key and the groups, on a thread
-            groups = OnThread(lambda: make_bind_groups(self, first, BIND_GROUP_THREADS, {}, stop), "meganeura-bind")
+            groups = OnThread(lambda: make_bind_groups(self, first_variant, BIND_GROUP_THREADS, {}, stop),
+                              "meganeura-bind")
             with self._gpu("uploading the weights"):
                 self._upload(uploads, pkg.weights)
         except BaseException:
@@ -272,7 +273,9 @@ class Session:
 
     def close(self) -> None:
         """Let go of this session's GPU objects. They are released, never destroyed: wgpu
-        frees each one once no submitted (or still recorded) command buffer uses it."""
+        frees each one once no submitted (or still recorded) command buffer uses it. A
+        quick_start Session still compiling its tuned kernels waits for those the driver has
+        begun (up to a few tenths of a second on a first launch)."""
         self.closed = True
         if self._tuned is not None:
             self._tuned.cancel()
@@ -380,15 +383,14 @@ class Session:
 
     def wait_tuned(self, timeout: float | None = None) -> None:
         """Wait (up to `timeout` seconds: TimeoutError) until the tuned kernels run, where a
-        quick_start Session began on its quick tier; raises what stopped them."""
+        quick_start Session began on its quick tier; raises what stopped them (the Session
+        then runs on with its quick tier)."""
         if self._tuned is not None:
             self._tuned.wait(timeout)
 
     def _steps(self, program):
         if self.closed:
             raise RuntimeError("this session was closed")
-        if self._tuned is not None and self._tuned.error is not None:
-            raise self._tuned.error
         if program not in self.programs:
             raise KeyError(f"no program {program!r} in this package; it has {sorted(self.programs)}")
         return self.programs[program]

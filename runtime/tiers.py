@@ -5,7 +5,9 @@ launch runs sooner; the tuned kernels compile behind them on threads and replace
 program at once, between two of the host's recordings."""
 from __future__ import annotations
 
+import copy
 import threading
+import warnings
 
 from .threads import OnThread, in_background
 
@@ -42,7 +44,9 @@ class TunedTier:
     """The tuned kernels (`used`, the Session's device class's) compiled on `threads` threads
     behind a Session running its quick tier, their bind groups made, then every program swapped
     at once (record() takes a program's list whole: a recording has one tier or the other, and
-    both compute the same). The quick tier's objects are kept until the Session closes."""
+    both compute the same). The quick tier's objects are kept until the Session closes. If the
+    tuned kernels cannot be made (a kernel the WGSL compiler rejects, memory), the Session
+    goes on with its quick tier: a RuntimeWarning says so, and wait_tuned() raises the error."""
 
     def __init__(self, session, used: set, threads: int, bind_threads: int):
         self.session, self.error, self._bind_threads = session, None, bind_threads
@@ -59,9 +63,11 @@ class TunedTier:
             made = {**s.kernels, **self._compiles()}
             forms, groups = make_bind_groups(s, s.device_class, self._bind_threads, s._groups, self._cancel)
             programs = assemble(forms, made, groups)
-        except BaseException as exc:  # noqa: BLE001  (raised by the Session's next recording)
+        except BaseException as exc:  # noqa: BLE001  (wait_tuned() raises it; the quick tier runs on)
             if not self._cancel.is_set():
                 self.error = exc
+                warnings.warn(f"meganeura: the tuned kernels were not made ({type(exc).__name__}: {exc}); "
+                              "this session keeps running its quick tier", RuntimeWarning, stacklevel=1)
             return
         if not self._cancel.is_set():
             s._retired.append(s.programs)
@@ -72,8 +78,12 @@ class TunedTier:
 
     def wait(self, timeout: float | None = None) -> None:
         self._thread.wait(timeout)
-        if self.error is not None:
-            raise self.error
+        if self.error is not None:  # (a copy: raising the one object again would grow its traceback)
+            try:
+                again = copy.copy(self.error)
+            except Exception:  # noqa: BLE001  (an error type that cannot be copied)
+                again = RuntimeError(f"the tuned kernels were not made: {self.error}")
+            raise again from self.error
 
     def cancel(self) -> None:
         """Stop compiling what has not started, and wait for what has (a Session closing)."""

@@ -232,6 +232,8 @@ def test_a_constant_declared_twice_with_two_values_stays_a_name():
     code = "fn a() { const T: u32 = 4u; let x = T; }\nfn b() { const T: u32 = 8u; let y = T; }\nconst S: u32 = 3u;\nfn c() { let z = S * 2u; }"
     text = lift_sizes._inline_constants(code)
     assert text.count("const T: u32") == 2 and "const S" not in text and "let z = 3u * 2u;" in text
+    field = "const N: u32 = 3u;\nstruct P {\n    N: u32,\n}\nfn c(p: P) { let z = N * p.N; }"
+    assert lift_sizes._inline_constants(field) == field  # (N is also a field's name: it stays)
 
 
 def test_the_runtime_refuses_a_variant_whose_sizes_do_not_fit_its_kernel(cnn_with_size_variants):
