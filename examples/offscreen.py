@@ -47,7 +47,9 @@ def parse_args(argv=None, frames=120):
 def main(argv=None):
     args = parse_args(argv)
     host = OffscreenHost((320, 240))
-    loading = Session.load_in_background(host.device, colour_model())  # the driver compiles on threads
+    # the driver compiles on threads; quick_start: cheap kernels first, the tuned ones swapped in
+    # when they have compiled (the scheduler's estimates follow: each is the worst of its last four)
+    loading = Session.load_in_background(host.device, colour_model(), quick_start=True)
     scene = PatternScene(host.device, (128, 128))
     loading_frames = 0
     while not loading.done():  # meanwhile the game's frames go on (a real one would draw loading.progress)
