@@ -211,7 +211,12 @@ class Package:
                              for k, i in p["outputs"].items())
             lines.append(f"  program {name}: {len(p['dispatches'])} dispatches; ({ins}) -> ({outs}); "
                          f"scratch peak {p['scratch_peak_bytes']} bytes")
-        lines.append(f"  kernels: {len(m['kernels'])} distinct")
+        ds = [d for p in m["programs"].values() for d in p["dispatches"]]
+
+        def made(variant):  # the pipelines a device running `variant` makes
+            return len({d.get("variants", {}).get(variant, d)["kernel"] for d in ds})
+        lines.append(f"  kernels: {len(m['kernels'])} distinct; a GPU makes {made('gpu')} pipelines "
+                     f"(with quick_start first {made('quick')}), a CPU rasteriser {made('cpu')}")
         if m.get("training"):
             t = m["training"]
             lines.append(f"  training: loss {t['loss']}, optimizer {t['optimizer']}, lr {t['lr']}, "

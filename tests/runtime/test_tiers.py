@@ -42,6 +42,7 @@ def test_the_quick_tier_trains_like_the_tuned_one_and_the_interpreter(device, ho
     quick = {d.get("variants", {}).get("quick", d)["kernel"] for p in m["programs"].values() for d in p["dispatches"]}
     tuned = {d["kernel"] for p in m["programs"].values() for d in p["dispatches"]}
     assert len(quick) < len(tuned)  # fewer pipelines first (and the GEMMs' cheap to compile)
+    assert f"a GPU makes {len(tuned)} pipelines (with quick_start first {len(quick)})" in pkg.summary()
     fast = Session(device, pkg, device_class="gpu", quick_start=True)
     assert fast.tier == "quick"
     with pytest.raises(TimeoutError):
