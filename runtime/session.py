@@ -1,8 +1,8 @@
 """A Session: one package on one wgpu device, ready to run or record its programs.
 
 Everything that costs (buffers, shader modules, pipelines, bind groups) is made once in
-the constructor; running a program then only encodes set_pipeline / set_bind_group /
-dispatch per kernel. The host can record a program (or a range of its dispatches) into
+the constructor (with quick_start, the tuned pipelines on threads after it: runtime/tiers.py);
+running a program then only encodes set_pipeline / set_bind_group / dispatch per kernel. The host can record a program (or a range of its dispatches) into
 its own command encoder, between its render passes.
 """
 from __future__ import annotations
