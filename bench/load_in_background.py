@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from load_profile import compiled_packages
+from load_profile import add_session_flags, apply_session_flags, compiled_packages
 
 
 PHASES = ("write_buffer", "create_command_encoder", "submit", "map_sync")
@@ -54,13 +54,12 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None,
                     help="compile threads: load_in_background's threads= (default: the cores less "
                          "loading.SPARE_CORES); with --mode blocking, session.LOAD_THREADS")
-    ap.add_argument("--upload-threads", type=int, default=None, help="session.UPLOAD_THREADS (default: as set)")
+    add_session_flags(ap)
     ap.add_argument("--switch-interval", default=None,
                     help="load_in_background's switch_interval in seconds, or 'off' (None: Python's own, 5 ms); "
                          "default: the library's (loading.SWITCH_INTERVAL)")
     ap.add_argument("--phases", action="store_true",
                     help="each frame's time split into its wgpu calls (write_buffer, submit, map_sync, the rest)")
-    ap.add_argument("--bind-group-threads", type=int, default=None, help="session.BIND_GROUP_THREADS (default: as set)")
     ap.add_argument("--quick-start", action="store_true",
                     help="Session(quick_start=True); then frames go on until the tuned kernels run (tuned_s, "
                          "frame_ms_max_until_tuned)")
@@ -78,10 +77,7 @@ def main(argv=None):
         session_module.LOAD_THREADS = args.threads
     threads = session_module.LOAD_THREADS if args.mode == "blocking" else min(
         session_module.LOAD_THREADS, args.threads or default_threads())
-    if args.upload_threads is not None:
-        session_module.UPLOAD_THREADS = args.upload_threads
-    if args.bind_group_threads is not None:
-        session_module.BIND_GROUP_THREADS = args.bind_group_threads
+    apply_session_flags(args)
     switch = SWITCH_INTERVAL if args.switch_interval is None else \
         None if args.switch_interval == "off" else float(args.switch_interval)
 

@@ -51,6 +51,21 @@ def _workloads():
         TrainConfig(loss="cross_entropy", optimizer="adamw")
 
 
+def add_session_flags(ap) -> None:
+    """The Session's load settings a load benchmark may change (apply_session_flags sets them)."""
+    ap.add_argument("--upload-threads", type=int, default=None, help="session.UPLOAD_THREADS (default: as set)")
+    ap.add_argument("--bind-group-threads", type=int, default=None, help="session.BIND_GROUP_THREADS (default: as set)")
+
+
+def apply_session_flags(args) -> None:
+    from meganeura.runtime import session as session_module
+
+    if args.upload_threads is not None:
+        session_module.UPLOAD_THREADS = args.upload_threads
+    if args.bind_group_threads is not None:
+        session_module.BIND_GROUP_THREADS = args.bind_group_threads
+
+
 def compiled_packages(only):
     """(name, package file) for each workload whose name contains one of `only` (all when None),
     compiled as bench/run.py does; each file is removed once the caller moves on."""
@@ -71,7 +86,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--threads", nargs="*", type=int, default=[8])
-    ap.add_argument("--upload-threads", type=int, default=None, help="session.UPLOAD_THREADS (default: as set)")
+    add_session_flags(ap)
     ap.add_argument("--all-kernels", action="store_true", help="every kernel's pipeline time, and sums per family")
     ap.add_argument("--no-lift-sizes", action="store_true", help="each size variant a kernel of its own")
     ap.add_argument("--unchecked", action="store_true", help="Session(shader_checks=False)")
@@ -80,7 +95,6 @@ def main(argv=None):
                     help="GEMM_PLAN settings for the compile, e.g. k_unroll_long=2")
     ap.add_argument("--from-path", action="store_true",
                     help="the first Session made from the file (read while it compiles; session_s includes it)")
-    ap.add_argument("--bind-group-threads", type=int, default=None, help="session.BIND_GROUP_THREADS (default: as set)")
     ap.add_argument("--quick-start", action="store_true",
                     help="Session(quick_start=True): session_s until its quick tier runs, tuned_s until the tuned kernels "
                          "do; timeline is the first tier's, the pipeline sums and families cover both tiers")
@@ -110,10 +124,7 @@ def main(argv=None):
         import driver_start
 
         print(json.dumps({"driver_start": driver_start.warm(dev)}), flush=True)
-    if args.upload_threads is not None:
-        session_module.UPLOAD_THREADS = args.upload_threads
-    if args.bind_group_threads is not None:
-        session_module.BIND_GROUP_THREADS = args.bind_group_threads
+    apply_session_flags(args)
     # (_upload, not _write: the writes run on threads, and their sum is no time anyone waits)
     originals = {k: getattr(Session, k) for k in ("_allocate", "_upload", "_pipeline", "_bind_group")}
     rows = []

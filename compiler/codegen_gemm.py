@@ -22,6 +22,7 @@ from .codegen import (
     per_output,
     tile_type,
 )
+from ..runtime.package import QUICK
 from .gemm_plan import GEMM_PLAN
 from .gemm_store import store4_body
 from .schedule import Kernel, Schedule, base_of
@@ -431,7 +432,7 @@ def igemm(bind: _Bindings, m: int, n: int, k: int, groups: int, load_a: str, loa
     # none where its 16-tiles need more workgroups than a device allows (the tuned kernel runs)
     quick_groups = (-(-n // 16), -(-m // 16), groups * split)
     if max(quick_groups) <= MAX_GROUPS:
-        code.variants["quick"] = (render("igemm_quick", COMMON=common), (16, 16, 1), quick_groups)
+        code.variants[QUICK] = (render("igemm_quick", COMMON=common), (16, 16, 1), quick_groups)
     if split == 1:
         return code
     code.temps = {temp: split * groups * m * n * 4}

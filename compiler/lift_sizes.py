@@ -21,12 +21,11 @@ from __future__ import annotations
 import hashlib
 import re
 
-from ..runtime.package import MAX_LIFTED
+from ..runtime.package import MAX_LIFTED, QUICK
 
 ENABLED = True  # bench/run.py --no-lift-sizes
 FIXED = "// Sizes stay written in (compiler/lift_sizes.py)"  # a template's mark (igemm_common, attention*)
 NAME = "mn_sizes"
-QUICK = "quick"  # the dispatch variant the quick tier runs (quick_tier)
 QUICK_DIVISORS = True  # the quick tier lifts divisors too (bench: --quick-keep-divisors)
 
 _LITERAL = re.compile(r"(?<![\w.])(\d+)u\b")
@@ -143,6 +142,13 @@ def _inline_constants(text: str) -> str:
     return uses.sub(lambda m: values[m.group(1)] + "u", text)
 
 
+def _each_entry(programs: dict, moved) -> dict:
+    """`programs` with moved(entry) for every dispatch and every variant of one."""
+    return {name: {**p, "dispatches": [
+        {**moved(d), **({"variants": {c: moved(v) for c, v in d["variants"].items()}} if "variants" in d else {})}
+        for d in p["dispatches"]]} for name, p in programs.items()}
+
+
 def lift(kernels: list, programs: dict) -> tuple:
     """(kernels, programs) with each family of size variants as one kernel; dispatches (and
     their device-class variants) of a family's members name its kernel and carry "lifted",
@@ -181,10 +187,7 @@ def lift(kernels: list, programs: dict) -> tuple:
     def moved(entry):
         k, values = remap.get(entry["kernel"], (entry["kernel"], None))
         return {**entry, "kernel": index[k], **({"lifted": values} if values is not None else {})}
-    programs = {name: {**p, "dispatches": [
-        {**moved(d), **({"variants": {c: moved(v) for c, v in d["variants"].items()}} if "variants" in d else {})}
-        for d in p["dispatches"]]} for name, p in programs.items()}
-    return [new_kernels[i] for i in kept], programs
+    return [new_kernels[i] for i in kept], _each_entry(programs, moved)
 
 
 def quick_tier(kernels: list, programs: dict) -> tuple:
@@ -237,7 +240,4 @@ def quick_tier(kernels: list, programs: dict) -> tuple:
 
     def moved(e):
         return {**e, "kernel": index[e["kernel"]]}
-    programs = {name: {**p, "dispatches": [
-        {**moved(d), **({"variants": {c: moved(v) for c, v in d["variants"].items()}} if "variants" in d else {})}
-        for d in p["dispatches"]]} for name, p in programs.items()}
-    return [new_kernels[i] for i in named], programs
+    return [new_kernels[i] for i in named], _each_entry(programs, moved)

@@ -1,6 +1,8 @@
 """Calls into wgpu-native that wgpu-py 0.32 does not offer."""
 from __future__ import annotations
 
+import functools
+
 # wgpu-native's WGPUShaderRuntimeChecks flags (wgpu.h)
 BOUNDS_CHECKS, LOOP_BOUNDING = 0x1, 0x2
 
@@ -43,6 +45,7 @@ def shader_module(device, code: str, label: str = "", checked=True):
     return unchecked_module(device, code, label, checked)
 
 
+@functools.cache
 def _bind_group_calls():
     """(ffi, the error-checked wgpuDeviceCreateBindGroup, new_struct_p, to_c_string_view,
     GPUBindGroup) of wgpu-py's wgpu_native backend, or None."""
@@ -54,22 +57,17 @@ def _bind_group_calls():
         return None
 
 
-_BIND_GROUP_CALLS = None
-
-
 def bind_group(device, layout, buffers, label: str = ""):
     """A bind group of `buffers` ([(buffer, offset, size)], binding = index) through the C call
     wgpu-py makes, its errors raised as wgpu-py raises them: ~10 us of Python each, against
     40-75 through device.create_bind_group's argument checks (lavapipe host; a Session makes
     1,300 for ResNet-50's training package, on one thread that holds the GIL)."""
-    global _BIND_GROUP_CALLS
-    if _BIND_GROUP_CALLS is None:
-        _BIND_GROUP_CALLS = _bind_group_calls() or False
-    if not _BIND_GROUP_CALLS:  # another wgpu-py layout: the public call
+    calls = _bind_group_calls()
+    if calls is None:  # another wgpu-py layout: the public call
         return device.create_bind_group(layout=layout, label=label, entries=[
             {"binding": b, "resource": {"buffer": buf, "offset": offset, "size": size}}
             for b, (buf, offset, size) in enumerate(buffers)])
-    ffi, create, new_struct_p, string_view, GPUBindGroup = _BIND_GROUP_CALLS
+    ffi, create, new_struct_p, string_view, GPUBindGroup = calls
     entries = ffi.new("WGPUBindGroupEntry[]", len(buffers))  # (zeroed: no sampler, no texture view)
     for b, (buf, offset, size) in enumerate(buffers):
         e = entries[b]

@@ -39,7 +39,8 @@ ACCESS = ("read", "read_write")
 READ_STEP = 64 << 20  # bytes per read task when loading a file
 OFFSET_ALIGN = 256  # byte offsets of tensors and bound ranges: WebGPU's largest minStorageBufferOffsetAlignment
 DEVICE_CLASSES = ("cpu", "gpu")  # kernel variants: CPU rasterisers (lavapipe) rank kernels differently
-VARIANTS = (*DEVICE_CLASSES, "quick")  # and the quick tier's (Session(quick_start=True))
+QUICK = "quick"  # the quick tier's variant (Session(quick_start=True); compiler/lift_sizes.quick_tier)
+VARIANTS = (*DEVICE_CLASSES, QUICK)
 
 
 class PackageError(ValueError):
@@ -343,7 +344,7 @@ def validate_manifest(m) -> None:
                 vw = f"{dw}.variants[{cls!r:.20}]"
                 if cls not in VARIANTS:
                     _fail(f"{vw}: unknown variant; known: {VARIANTS}")
-                if cls == "quick" and version < 5:
+                if cls == QUICK and version < 5:
                     _fail(f"{vw}: format version {version} has no quick variants")
                 _dict(v, vw)
                 if set(v) - {"kernel", "workgroups", "lifted"}:  # a variant swaps the kernel, never what it binds

@@ -20,7 +20,7 @@ from .errors import DeviceLostError, GPUOutOfMemoryError
 from .inputs import coerce, fits, pad, rows
 from .lifted_sizes import alignment, layout, manifest_values, sizes_buffer, slice_bytes
 from .loading import SWITCH_INTERVAL, LoadingSession, default_threads
-from .package import DTYPES, Package, PackageError, workgroup_bytes
+from .package import DTYPES, QUICK, Package, PackageError, workgroup_bytes
 from .threads import OnThread, in_background
 from .tiers import TunedTier, assemble, make_bind_groups
 
@@ -33,7 +33,6 @@ UPLOAD_THREADS = 4
 # background load: worst frame 48-50 -> 22-24 ms, blocking loads no slower)
 BIND_GROUP_THREADS = 1
 LOAD_THREADS = 16  # most threads compiling pipelines at load (NVIDIA: ~15 ms of driver time each, cold)
-QUICK = "quick"  # the dispatch variant of the quick tier (quick_start)
 SKIPPED = "optimizer.skipped_steps"  # state counter of training steps rejected for NaN/inf
 
 _LIMIT_NAMES = {  # manifest name -> wgpu limit name

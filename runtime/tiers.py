@@ -73,9 +73,6 @@ class TunedTier:
             s._retired.append(s.programs)
             s.kernels, s._groups, s.programs, s.tier = made, groups, programs, "tuned"
 
-    def done(self) -> bool:
-        return self._thread.done()
-
     def wait(self, timeout: float | None = None) -> None:
         self._thread.wait(timeout)
         if self.error is not None:  # (a copy: raising the one object again would grow its traceback)

@@ -50,9 +50,6 @@ class _Held:
     def __init__(self, *args):
         pass
 
-    def done(self):
-        return False
-
     def wait(self, timeout=None):
         raise TimeoutError("held")
 
