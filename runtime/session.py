@@ -99,7 +99,7 @@ class Session:
             used = {_variant(d, QUICK)["kernel"] for d in dispatches}
         self._check_workgroup_memory(m["kernels"], used | tuned)
         # the driver compiles pipelines, and makes bind groups, on threads while this one
-        # uploads the weights
+        # makes the buffers and uploads the weights
         todo = [(i, k) for i, k in enumerate(m["kernels"]) if i in used]
         uploads = [t for t in self.tensors if t["role"] in ("param", "state", "constant") and t["init"] == "blob"]
         if _progress is not None:
@@ -111,21 +111,24 @@ class Session:
         threads = None if _progress is None else min(_progress.threads, LOAD_THREADS)  # (a background load's)
         pipelines = _in_background({i: (self._pipeline, i, k) for i, k in sorted(todo, key=lambda ik: -len(ik[1]["wgsl"]))},
                                    threads)
-        groups, stop = None, threading.Event()
+        # each dispatch as it runs first and its bind group's key, on a thread while the buffers are
+        # made here (made on a thread of their own from the start, they held up the compiles' start
+        # by 34 ms for DINOv2: bench/REJECTED.md); then the groups
+        stop, allocated = threading.Event(), threading.Event()
+        groups = OnThread(lambda: make_bind_groups(self, first_variant, BIND_GROUP_THREADS, {}, stop, allocated),
+                          "meganeura-bind")
         try:
             self.buffers = self._allocate(m["buffers"])
             self._sizes = sizes_buffer(self.device, self._sizes_layout)
             self.allocated_bytes += self._sizes_layout[0]
-            # each dispatch as it runs first, its bind group's key and the groups, on a thread
-            groups = OnThread(lambda: make_bind_groups(self, first_variant, BIND_GROUP_THREADS, {}, stop),
-                              "meganeura-bind")
+            allocated.set()
             with self._gpu("uploading the weights"):
                 self._upload(uploads, pkg.weights)
         except BaseException:
             stop.set()  # no thread outlives the constructor; the upload's error is the one to see
+            allocated.set()  # (a failed allocation: the bind thread, stopped, makes no group)
             pipelines(quiet=True)
-            if groups is not None:
-                groups.join()
+            groups.join()
             raise
         try:
             self.kernels = pipelines()

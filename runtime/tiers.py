@@ -12,10 +12,12 @@ import warnings
 from .threads import OnThread, in_background
 
 
-def make_bind_groups(session, variant: str, threads: int, known: dict, cancel: threading.Event) -> tuple:
+def make_bind_groups(session, variant: str, threads: int, known: dict, cancel: threading.Event,
+                     allocated: threading.Event | None = None) -> tuple:
     """(program -> [(each dispatch as `variant` runs it, its bind group's key)], key -> bind
-    group): the groups `known` lacks made on `threads` threads, or none more once `cancel` is
-    set. Its keys are a thread's work too: ~5,600 dispatches for SD-1.5's package."""
+    group): the groups `known` lacks made on `threads` threads (1: this one), or none more once
+    `cancel` is set. Its keys are a thread's work too (~5,600 dispatches for SD-1.5's package),
+    done while the session's buffers are made; the groups once `allocated` is set."""
     forms = session._forms(variant)
 
     def bind(name, j, key):
@@ -25,7 +27,11 @@ def make_bind_groups(session, variant: str, threads: int, known: dict, cancel: t
         for j, (_, key) in enumerate(steps):
             if key not in known:
                 calls.setdefault(key, (bind, name, j, key))
-    return forms, {**known, **in_background(calls, threads)()}
+    if allocated is not None:
+        allocated.wait()
+    # (one thread: this one, in a loop; a pool of one worker handed each group across threads,
+    # 3-4x the group's own ~10 us on a lavapipe host, and more beside a load's compile threads)
+    return forms, {**known, **in_background(calls, threads if threads > 1 else 0)()}
 
 
 def assemble(forms: dict, kernels: dict, groups: dict) -> dict:
