@@ -57,6 +57,14 @@ def _int(v, where, lo=0, hi=1 << 40):
     return v
 
 
+def _ints(values, where, lo=0, hi=1 << 40) -> None:
+    """Each of `values` an integer in [lo, hi]: _int's check, its message made only for a
+    value that fails (a manifest holds ~100,000 of them; SD-1.5's took 83 ms to check)."""
+    for v in values:
+        if type(v) is not int or v < lo or v > hi:  # (an int subclass in range passes _int too)
+            _int(v, where, lo, hi)
+
+
 def _str(v, where, max_len=1 << 20):
     if not isinstance(v, str) or len(v) > max_len:
         _fail(f"{where}: expected a string, got {type(v).__name__}")
@@ -262,8 +270,7 @@ def validate_manifest(m) -> None:
         if t["dtype"] == "f16" and role != "param":
             _fail(f"{w}.dtype: only parameters are stored in f16, not {role} tensors")
         shape = _list(_key(t, "shape", w), f"{w}.shape", 8)
-        for d in shape:
-            _int(d, f"{w}.shape", 0, 1 << 32)
+        _ints(shape, f"{w}.shape", 0, 1 << 32)
         size = int(np.prod(shape, dtype=np.int64)) * np.dtype(DTYPES[t["dtype"]]).itemsize
         b = _int(_key(t, "buffer", w), f"{w}.buffer", 0, nbuf - 1 if nbuf else -1)
         offset = _int(t.get("offset", 0), f"{w}.offset")
@@ -293,8 +300,7 @@ def validate_manifest(m) -> None:
         ws = _list(_key(k, "workgroup_size", w), f"{w}.workgroup_size", 3)
         if len(ws) != 3:
             _fail(f"{w}.workgroup_size: needs 3 numbers")
-        for d in ws:
-            _int(d, f"{w}.workgroup_size", 1, 1024)
+        _ints(ws, f"{w}.workgroup_size", 1, 1024)
         access = _list(_key(k, "access", w), f"{w}.access", 64)
         for a in access:
             if a not in ACCESS:
@@ -327,13 +333,12 @@ def validate_manifest(m) -> None:
             bufs = _list(_key(d, "buffers", dw), f"{dw}.buffers", 64)
             if len(bufs) != len(kernels[k]["access"]):
                 _fail(f"{dw}: {len(bufs)} buffers for a kernel with {len(kernels[k]['access'])} bindings")
-            for bi in bufs:
-                _int(bi, f"{dw}.buffers", 0, nbuf - 1 if nbuf else -1)
+            _ints(bufs, f"{dw}.buffers", 0, nbuf - 1 if nbuf else -1)
             ranges = _ranges(d, dw, bufs, buffers)
             access = kernels[k]["access"]
-            for bi in {bi for bi, a in zip(bufs, access) if a == "read_write"}:
-                # WebGPU refuses a buffer read and written in one dispatch; written twice, the
-                # ranges must not overlap
+            # WebGPU refuses a buffer read and written in one dispatch; written twice, the ranges
+            # must not overlap (only a buffer bound more than once can be either)
+            for bi in {bi for bi, a in zip(bufs, access) if a == "read_write"} if len(set(bufs)) < len(bufs) else ():
                 spans = sorted((r or [0, buffers[bi]], a) for b, r, a in zip(bufs, ranges, access) if b == bi)
                 if any(a != "read_write" for _, a in spans) or \
                         any(lo < prev[0] + prev[1] for (prev, _), ((lo, _), _) in zip(spans, spans[1:])):
@@ -422,16 +427,14 @@ def _lifted(d, where, kernel):
     values = _list(_key(d, "lifted", where), f"{where}.lifted", MAX_LIFTED)
     if len(values) != want:
         _fail(f"{where}.lifted: {len(values)} values for a kernel that reads {want}")
-    for v in values:
-        _int(v, f"{where}.lifted", 0, (1 << 32) - 1)
+    _ints(values, f"{where}.lifted", 0, (1 << 32) - 1)
 
 
 def _workgroups(d, where):
     wg = _list(_key(d, "workgroups", where), f"{where}.workgroups", 3)
     if len(wg) != 3:
         _fail(f"{where}.workgroups: needs 3 numbers")
-    for n in wg:
-        _int(n, f"{where}.workgroups", 0, 1 << 31)
+    _ints(wg, f"{where}.workgroups", 0, 1 << 31)
 
 
 def _head(read, size: int):
