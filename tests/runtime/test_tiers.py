@@ -147,3 +147,31 @@ def test_gemms_too_wide_for_quick_tiles_keep_their_tuned_kernel(device):
     (d,) = m["programs"]["infer"]["dispatches"]
     assert "quick" not in d.get("variants", {}) and "cpu" in d["variants"]
     assert m["requires"]["limits"]["max_compute_workgroups_per_dimension"] <= 65535
+
+
+def test_bind_groups_wait_for_the_buffers_and_a_cancelled_load_makes_none(device, cnn):
+    """make_bind_groups computes its keys at once, makes the groups on its own thread (one
+    thread: no pool) only once `allocated` is set, and none after `cancel` is."""
+    from meganeura.runtime.tiers import make_bind_groups
+
+    _, _, pkg = cnn
+    s = Session(device, pkg)
+    made = []
+    real = s._bind_group
+    s._bind_group = lambda *a: made.append(threading.current_thread()) or real(*a)
+    allocated, cancel = threading.Event(), threading.Event()
+    out = {}
+    worker = threading.Thread(target=lambda: out.update(r=make_bind_groups(s, s.device_class, 1, {}, cancel, allocated)))
+    worker.start()
+    worker.join(0.2)
+    assert worker.is_alive() and not made  # waiting for the buffers
+    allocated.set()
+    worker.join(60)
+    forms, groups = out["r"]
+    assert len(groups) == len(made) > 0 and set(made) == {worker}
+    assert all(key in groups for steps in forms.values() for _, key in steps)
+    made.clear()
+    cancel.set()
+    _, none = make_bind_groups(s, s.device_class, 1, {}, cancel)
+    assert not made and set(none.values()) == {None}
+    s.close()
