@@ -3,7 +3,8 @@ package is compiled here, written to a file, then loaded by a child process of i
 driver warmed as a game's is, bench/driver_start.py; the driver's shader cache empty unless
 --keep-cache). The child wraps the runtime's loading functions and prints, per phase, when it
 first started and last ended (seconds since Session() was called), how often it ran and its
-summed time, on any thread; and the Session's whole time.
+summed time, on any thread (phases nest: Package._open holds _head, which holds
+validate_manifest; _pipeline calls _layout: their sums overlap); and the Session's whole time.
 
     python bench/first_launch_timeline.py [--only NAME ...] [--quick-start] [--repeat N] [--out DIR]
 """
@@ -26,7 +27,7 @@ PHASES = [
     ("session", "Session", "_check_device"), ("session", "Session", "_check_workgroup_memory"),
     ("session", "Session", "_layout"), ("session", "Session", "_pipeline"), ("session", "Session", "_allocate"),
     ("session", "Session", "_upload"), ("session", "Session", "_forms"), ("session", "Session", "_bind_group"),
-    ("tiers", None, "assemble"),
+    ("session", None, "make_bind_groups"), ("session", None, "assemble"),  # (session.py's own names for them)
 ]
 
 
@@ -41,27 +42,26 @@ def _wrap(spans, lock, t0, fn, name, is_classmethod=False):
     return classmethod(timed) if is_classmethod else timed
 
 
-def child(path: str, quick_start: bool, warm_driver: bool, switch_interval: float | None) -> dict:
+def child(path: str, quick_start: bool, switch_interval: float | None) -> dict:
     import importlib
 
     from meganeura.runtime import Session
     from meganeura.runtime.device import default_device
 
-    spans, lock, t0 = {}, threading.Lock(), [time.perf_counter()]
+    spans, lock, t0, originals = {}, threading.Lock(), [time.perf_counter()], []
     for mod_name, owner, name in PHASES:
         mod = importlib.import_module(f"meganeura.runtime.{mod_name}")
         target = getattr(mod, owner) if owner else mod
         raw = target.__dict__[name]
+        originals.append((target, name, raw))
         is_cm = isinstance(raw, classmethod)
         fn = raw.__func__ if is_cm else raw
         setattr(target, name, _wrap(spans, lock, t0, fn, f"{owner + '.' if owner else ''}{name}", is_cm))
     dev = default_device()
-    driver = None
-    if warm_driver:
-        sys.path.insert(0, str(Path(__file__).parent))
-        import driver_start
+    sys.path.insert(0, str(Path(__file__).parent))
+    import driver_start
 
-        driver = driver_start.warm(dev)
+    driver = driver_start.warm(dev)  # as a game's driver has started by the time it loads a model
     if switch_interval is not None:
         sys.setswitchinterval(switch_interval)
     t0[0] = time.perf_counter()
@@ -70,12 +70,14 @@ def child(path: str, quick_start: bool, warm_driver: bool, switch_interval: floa
     tier = s.tier
     s.wait_tuned()
     tuned_s = time.perf_counter() - t0[0]
-    # the tuned tier's bind groups once more, on this thread with nothing beside it: their floor
-    from meganeura.runtime.tiers import make_bind_groups
-
+    # the tuned tier's bind groups once more, unwrapped, on this thread with nothing beside it
+    for target, name, raw in originals:
+        setattr(target, name, raw)
+    keys = {key: (p, j) for p, steps in s._forms(s.device_class).items() for j, (_, key) in enumerate(steps)}
     t = time.perf_counter()
-    _, again = make_bind_groups(s, s.device_class, 1, {}, threading.Event())
-    alone_us = (time.perf_counter() - t) / max(1, len(again)) * 1e6
+    for key, (p, j) in keys.items():
+        s._bind_group(p, j, *key)
+    alone_us = (time.perf_counter() - t) / max(1, len(keys)) * 1e6
     phases = {k: [round(min(a for a, _ in v), 4), round(max(b for _, b in v if b <= session_s) if any(
         b <= session_s for _, b in v) else -1, 4), sum(b <= session_s for _, b in v),
         round(sum(b - a for a, b in v if b <= session_s), 4)] for k, v in spans.items()}
@@ -96,7 +98,7 @@ def main(argv=None):
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args.quick_start, True, args.switch_interval)))
+        print(json.dumps(child(args.child, args.quick_start, args.switch_interval)))
         return
     sys.path.insert(0, str(Path(__file__).parent))
     from load_profile import compiled_packages
@@ -105,11 +107,12 @@ def main(argv=None):
     for name, path in compiled_packages(args.only):
         for r in range(args.repeat):
             env = dict(os.environ)
-            if not args.keep_cache:
-                env["__GL_SHADER_DISK_CACHE_PATH"] = tempfile.mkdtemp()
             cmd = [sys.executable, __file__, "--child", str(path)] + (["--quick-start"] if args.quick_start else []) + \
-                (["--switch-interval", str(args.switch_interval)] if args.switch_interval else [])
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                (["--switch-interval", str(args.switch_interval)] if args.switch_interval is not None else [])
+            with tempfile.TemporaryDirectory() as cache:
+                if not args.keep_cache:
+                    env["__GL_SHADER_DISK_CACHE_PATH"] = cache
+                out = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if out.returncode:
                 print(out.stderr[-3000:], file=sys.stderr)
                 raise SystemExit(f"{name}: the child failed")

@@ -338,11 +338,12 @@ def validate_manifest(m) -> None:
             access = kernels[k]["access"]
             # WebGPU refuses a buffer read and written in one dispatch; written twice, the ranges
             # must not overlap (only a buffer bound more than once can be either)
-            for bi in {bi for bi, a in zip(bufs, access) if a == "read_write"} if len(set(bufs)) < len(bufs) else ():
-                spans = sorted((r or [0, buffers[bi]], a) for b, r, a in zip(bufs, ranges, access) if b == bi)
-                if any(a != "read_write" for _, a in spans) or \
-                        any(lo < prev[0] + prev[1] for (prev, _), ((lo, _), _) in zip(spans, spans[1:])):
-                    _fail(f"{dw}: buffer {bi} is bound for reading and writing, or written twice where ranges meet")
+            if len(set(bufs)) < len(bufs):
+                for bi in {bi for bi, a in zip(bufs, access) if a == "read_write"}:
+                    spans = sorted((r or [0, buffers[bi]], a) for b, r, a in zip(bufs, ranges, access) if b == bi)
+                    if any(a != "read_write" for _, a in spans) or \
+                            any(lo < prev[0] + prev[1] for (prev, _), ((lo, _), _) in zip(spans, spans[1:])):
+                        _fail(f"{dw}: buffer {bi} is bound for reading and writing, or written twice where ranges meet")
             _workgroups(d, dw)
             _lifted(d, dw, kernels[k])
             for cls, v in _dict(d.get("variants", {}), f"{dw}.variants").items():

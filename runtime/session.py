@@ -98,7 +98,7 @@ class Session:
             first_variant, self.tier = QUICK, QUICK  # (CPU rasterisers run their own variants)
             used = {_variant(d, QUICK)["kernel"] for d in dispatches}
         self._check_workgroup_memory(m["kernels"], used | tuned)
-        # the driver compiles pipelines, and makes bind groups, on threads while this one
+        # the driver compiles pipelines, and bind groups are made, on threads while this one
         # makes the buffers and uploads the weights
         todo = [(i, k) for i, k in enumerate(m["kernels"]) if i in used]
         uploads = [t for t in self.tensors if t["role"] in ("param", "state", "constant") and t["init"] == "blob"]
@@ -111,13 +111,14 @@ class Session:
         threads = None if _progress is None else min(_progress.threads, LOAD_THREADS)  # (a background load's)
         pipelines = _in_background({i: (self._pipeline, i, k) for i, k in sorted(todo, key=lambda ik: -len(ik[1]["wgsl"]))},
                                    threads)
-        # each dispatch as it runs first and its bind group's key, on a thread while the buffers are
-        # made here (made on a thread of their own from the start, they held up the compiles' start
-        # by 34 ms for DINOv2: bench/REJECTED.md); then the groups
+        # each dispatch's bind group key computed on a thread while the buffers are made here (made
+        # on a thread of their own from the start, they held up the compiles' start by 34 ms for
+        # DINOv2: bench/REJECTED.md); then, on that thread, the groups
         stop, allocated = threading.Event(), threading.Event()
-        groups = OnThread(lambda: make_bind_groups(self, first_variant, BIND_GROUP_THREADS, {}, stop, allocated),
-                          "meganeura-bind")
+        groups = None
         try:
+            groups = OnThread(lambda: make_bind_groups(self, first_variant, BIND_GROUP_THREADS, {}, stop, allocated),
+                              "meganeura-bind")
             self.buffers = self._allocate(m["buffers"])
             self._sizes = sizes_buffer(self.device, self._sizes_layout)
             self.allocated_bytes += self._sizes_layout[0]
@@ -128,7 +129,8 @@ class Session:
             stop.set()  # no thread outlives the constructor; the upload's error is the one to see
             allocated.set()  # (a failed allocation: the bind thread, stopped, makes no group)
             pipelines(quiet=True)
-            groups.join()
+            if groups is not None:
+                groups.join()
             raise
         try:
             self.kernels = pipelines()

@@ -126,17 +126,18 @@ def test_a_closed_session_says_so(device, package):
 
 
 def test_a_failed_load_leaves_no_thread_behind(device, package, monkeypatch):
-    """Buffers, pipelines and bind groups are made on threads beside the upload: an allocation
-    that fails mid-way raises its own error, and every load thread is gone when it does."""
+    """Pipelines and bind groups are made on threads beside the allocation and the upload: an
+    allocation that fails mid-way raises its own error, and every load thread is gone when it does."""
     import threading
 
     from meganeura.runtime import session as session_module
 
     monkeypatch.setattr(session_module, "LOAD_THREADS", 4)
     assert len(package.manifest["kernels"]) > 8  # enough kernels for the threads to be used
+    before = set(threading.enumerate())  # (threads of earlier tests' sessions are theirs)
     with pytest.raises(GPUOutOfMemoryError):
         Session(FailingDevice(device, 3), package)
-    assert not [t for t in threading.enumerate() if t.name.startswith("meganeura-")]
+    assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("meganeura-")]
 
 
 def test_a_device_lost_during_the_weight_upload(package, monkeypatch):
@@ -168,10 +169,11 @@ def test_a_device_lost_during_the_weight_upload(package, monkeypatch):
         return real(self, t, value)
 
     monkeypatch.setattr(Session, "_write", write)
+    before = set(threading.enumerate())  # (threads of earlier tests' sessions are theirs)
     with pytest.raises(DeviceLostError, match="uploading the weights"):
         Session(own, many)
     assert 3 <= len(writes) <= 6 < 40  # the writes in flight finished; the rest were cancelled
-    assert not [t for t in threading.enumerate() if t.name.startswith("meganeura-")]
+    assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("meganeura-")]
 
 
 def test_out_of_memory_while_writing_is_the_runtimes_error(device, package, monkeypatch):
