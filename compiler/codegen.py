@@ -13,7 +13,7 @@ import numpy as np
 from .ops import OPS
 from .reductions import PARTIALS_BY_ROWS, by_rows, reduce_geometry, reduce_split
 from .schedule import MAX_BINDINGS, Kernel, Schedule, base_of, flat_read
-from .wgsl import f32_literal, render, template
+from .wgsl import f32_literal, i32_literal, render, template
 
 WG = 256  # threads per workgroup in 1-D kernels
 MAX_GROUPS = 65535
@@ -248,18 +248,19 @@ def _window_read(user, inp, cs, name, b):
     st = _strides(inp.shape)
     key = (b, user.op, starts, steps)
     if user.op == "slice":
-        terms = [f"({s0} + i32({c}) * {step}) * {s}" for c, s0, step, s in zip(cs, starts, steps, st) if s]
+        terms = [f"({i32_literal(s0)} + i32({c}) * {i32_literal(step)}) * {i32_literal(s)}"
+                 for c, s0, step, s in zip(cs, starts, steps, st) if s]
         return key, f"{name}[u32({' + '.join(terms) if terms else '0'})]"
     key = key + (user.attr("value"),)
     conds, terms = [], []
     for c, s0, step, s, d in zip(cs, starts, steps, st, inp.shape):
-        t = f"(i32({c}) - {s0})"
+        t = f"(i32({c}) - {i32_literal(s0)})"
         if step != 1:
-            conds.append(f"{t} % {step} == 0")
-            t = f"({t} / {step})"
-        conds.append(f"{t} >= 0 && {t} < {d}")
+            conds.append(f"{t} % {i32_literal(step)} == 0")
+            t = f"({t} / {i32_literal(step)})"
+        conds.append(f"{t} >= 0 && {t} < {i32_literal(d)}")
         if s:
-            terms.append(f"{t} * {s}")
+            terms.append(f"{t} * {i32_literal(s)}")
     # (select() evaluates both sides: the read is clamped into the tensor even where it is not used)
     read = f"{name}[min(u32(max({' + '.join(terms) if terms else '0'}, 0)), {max(inp.size, 1) - 1}u)]"
     fill = f32_literal(user.attr("value", 0.0)) if inp.dtype == "f32" else str(int(user.attr("value", 0)))

@@ -14,7 +14,7 @@ from .codegen import WG, KernelCode, _Bindings, _temp_ids, grid, per_output
 from .codegen_gemm import GEMM_PLAN, igemm, load_operand
 from .ops_nn import _conv_attrs, _pool_attrs
 from .schedule import Kernel, Schedule, base_of
-from .wgsl import template
+from .wgsl import i32_literal as _i, template
 
 
 def _split(var, names, dims):
@@ -54,12 +54,12 @@ def conv(sched: Schedule, k: Kernel) -> KernelCode:
     load_a = "\n".join([_split("k", ["ci", "r"], [cg, kh * kw]), f"    return {weight};"])
     load_b = "\n".join([
         _split("k", ["ci", "ky", "kx"], [cg, kh, kw]), _split("n", ["nb", "oy", "ox"], [nb, ho, wo]),
-        f"    let ty = i32(oy) + {p[0]} - i32(ky * {d[0]}u);",
-        f"    let tx = i32(ox) + {p[1]} - i32(kx * {d[1]}u);",
-        f"    if (ty < 0 || tx < 0 || ty % {s[0]} != 0 || tx % {s[1]} != 0) {{ return 0.0; }}",
-        f"    let iy = ty / {s[0]};",
-        f"    let ix = tx / {s[1]};",
-        f"    if (iy >= {h} || ix >= {wd}) {{ return 0.0; }}",
+        f"    let ty = i32(oy) + {_i(p[0])} - i32(ky * {d[0]}u);",
+        f"    let tx = i32(ox) + {_i(p[1])} - i32(kx * {d[1]}u);",
+        f"    if (ty < 0 || tx < 0 || ty % {_i(s[0])} != 0 || tx % {_i(s[1])} != 0) {{ return 0.0; }}",
+        f"    let iy = ty / {_i(s[0])};",
+        f"    let ix = tx / {_i(s[1])};",
+        f"    if (iy >= {_i(h)} || ix >= {_i(wd)}) {{ return 0.0; }}",
         f"    return a[((nb * {cin}u + g * {cg}u + ci) * {h}u + u32(iy)) * {wd}u + u32(ix)];"])
     store = "\n".join([_split("n", ["nb", "pix"], [nb, ho * wo]),
                        f"    c[(nb * {cout}u + g * {og}u + m) * {ho * wo}u + pix] = v;"])
@@ -101,9 +101,9 @@ def _transposed_by_phase(sched, n, r, x, w, s, p, groups) -> list:
             load_a = "\n".join([_split("k", ["ci", "jy", "jx"], [cg, ty, tx]), f"    return {weight};"])
             load_b = "\n".join([
                 _split("k", ["ci", "jy", "jx"], [cg, ty, tx]), *pixel,
-                f"    let iy = i32((oy + {p[0] - py + s[0] * kh}u) / {s[0]}u) - {kh} - i32(jy);",
-                f"    let ix = i32((ox + {p[1] - px + s[1] * kw}u) / {s[1]}u) - {kw} - i32(jx);",
-                f"    if (iy < 0 || iy >= {h} || ix < 0 || ix >= {wd}) {{ return 0.0; }}",
+                f"    let iy = i32((oy + {p[0] - py + s[0] * kh}u) / {s[0]}u) - {_i(kh)} - i32(jy);",
+                f"    let ix = i32((ox + {p[1] - px + s[1] * kw}u) / {s[1]}u) - {_i(kw)} - i32(jx);",
+                f"    if (iy < 0 || iy >= {_i(h)} || ix < 0 || ix >= {_i(wd)}) {{ return 0.0; }}",
                 f"    return a[((nb * {cin}u + g * {cg}u + ci) * {h}u + u32(iy)) * {wd}u + u32(ix)];"])
             store = "\n".join([*pixel, f"    c[((nb * {cout}u + g * {og}u + m) * {ho}u + oy) * {wo}u + ox] = v;"])
             out = igemm(bind, og, nb * ny * nx, cg * ty * tx, groups, load_a, load_b, store, "conv_transpose2d",
@@ -132,9 +132,9 @@ def _conv_with_input(sched, k, n, r, a, b, s, p, d, groups):
     names = [names.get(j, f"t{j}") for j in range(len(bind.slots))]
     label = n.op if "a" in names else n.op + "(prologue)"
     window = [  # the input pixel an output pixel and a tap read (zero in the padding)
-        f"    let iy = i32(oy * {s[0]}u + ky * {d[0]}u) - {p[0]};",
-        f"    let ix = i32(ox * {s[1]}u + kx * {d[1]}u) - {p[1]};",
-        f"    if (iy < 0 || iy >= {h} || ix < 0 || ix >= {wd}) {{ return 0.0; }}", read_x]
+        f"    let iy = i32(oy * {s[0]}u + ky * {d[0]}u) - {_i(p[0])};",
+        f"    let ix = i32(ox * {s[1]}u + kx * {d[1]}u) - {_i(p[1])};",
+        f"    if (iy < 0 || iy >= {_i(h)} || ix < 0 || ix >= {_i(wd)}) {{ return 0.0; }}", read_x]
     if n.op == "conv2d":  # x [N, C, H, W], w [O, C/g, kh, kw]
         o, cg, kh, kw = o_
         ho, wo = n.shape[2], n.shape[3]

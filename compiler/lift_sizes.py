@@ -14,12 +14,14 @@ statements, attributes, `array<...>` sizes, `case` labels) and in a divisor (see
 family whose members differ there is not one family. Kernels with private or function-scope arrays are left alone (a runtime index into one is
 a 60x trap on NVIDIA), and so are the templates marked FIXED: the tiled GEMMs and attention,
 whose inner loops divide by their sizes (by a constant, a multiply and a shift; by a uniform, a
-long division). Literals with other suffixes or none stay.
+long division). Literals with other suffixes or none stay; the quick tier (quick_tier) also lifts
+f32(...) literals and typed i32 ones (`3i`, wgsl.i32_literal).
 """
 from __future__ import annotations
 
 import hashlib
 import re
+import struct
 
 from ..runtime.package import MAX_LIFTED, QUICK
 
@@ -29,6 +31,9 @@ NAME = "mn_sizes"
 QUICK_DIVISORS = True  # the quick tier lifts divisors too (bench: --quick-keep-divisors)
 
 _LITERAL = re.compile(r"(?<![\w.])(\d+)u\b")
+# an f32 constant as wgsl.f32_literal writes it: the quick tier reads it as bits (bitcast<f32>)
+_F32_LITERAL = re.compile(r"\bf32\((-?(?:\d+\.\d*|\d+)(?:e[-+]?\d+)?)\)")
+_I32_LITERAL = re.compile(r"(?<![\w.])(\d+)i\b")  # a typed i32 literal (wgsl.i32_literal): i32(...) of one
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _CONST_STMT = re.compile(r"\b(?:const|const_assert|override)\b[^;]*;")
 _ATTRIBUTE = re.compile(r"@\w+\s*\([^)]*\)")
@@ -79,8 +84,10 @@ def _fixed(code: str, divisors: bool = True) -> list:
 def skeleton(code: str, quick: bool = False):
     """(text without comments, [(start, end, value)] of its liftable literals, the text with
     them blanked), or None where nothing may be lifted. `quick`: as the quick tier lifts
-    (quick_tier): templates marked FIXED too, u32 constants written into their uses, and
-    divisors lifted as well."""
+    (quick_tier): templates marked FIXED too, u32 constants written into their uses, divisors,
+    f32 literals (`f32(1e-05)`: value its bits; SD-1.5's 31 norm kernels differ only in their
+    epsilon and scale) and typed i32 ones (`3i`: convolutions' padding and image sizes, slices'
+    offsets)."""
     if NAME in code or (FIXED in code and not quick):  # (NAME: lifted already)
         return None
     text = _COMMENT.sub("", code)
@@ -93,12 +100,17 @@ def skeleton(code: str, quick: bool = False):
     for lo, hi in fixed:
         blocked[lo:hi] = b"\x01" * (hi - lo)
     found = [(m.start(), m.end(), int(m.group(1))) for m in _LITERAL.finditer(text) if not blocked[m.start()]]
+    if quick:
+        found = sorted(found + [(m.start(), m.end(), bits) for m in _F32_LITERAL.finditer(text)
+                                if not blocked[m.start()] and (bits := _f32_bits(m.group(1))) is not None]
+                       + [(m.start(), m.end(), int(m.group(1))) for m in _I32_LITERAL.finditer(text)
+                          if not blocked[m.start()] and int(m.group(1)) < 1 << 31])
     if not found:
         return None
     parts, at = [], 0
     for lo, hi, _ in found:
         parts.append(text[at:lo])
-        parts.append("#")
+        parts.append(_kind(text, lo, hi))  # (kernels differing in a literal's type stay apart)
         at = hi
     parts.append(text[at:])
     return text, found, "".join(parts)
@@ -110,13 +122,27 @@ def lifted_kernel(text: str, found: list, columns: list, members: int, bindings:
     for j, col in enumerate(columns):
         lo, hi, _ = found[col]
         out.append(text[at:lo])
-        out.append(f"{NAME}[{j // 4}u][{j % 4}u]")
+        ref = f"{NAME}[{j // 4}u][{j % 4}u]"
+        out.append({"~": f"bitcast<f32>({ref})", "$": f"i32({ref})"}.get(_kind(text, lo, hi), ref))
         at = hi
     out.append(text[at:])
     head = (f"// One kernel for {members} that differ only in sizes: those read from {NAME} "
             f"(compiler/lift_sizes.py).\n"
             f"@group(0) @binding({bindings}) var<uniform> {NAME}: array<vec4<u32>, {-(-len(columns) // 4)}>;\n")
     return head + "".join(out)
+
+
+def _kind(text: str, lo: int, hi: int) -> str:
+    """A liftable literal's mark in a skeleton: # u32, ~ f32 (its bits), $ i32."""
+    return "~" if text.startswith("f32(", lo) else "$" if text[hi - 1] == "i" else "#"
+
+
+def _f32_bits(literal: str):
+    """An f32 literal's bits as a u32, or None where it does not fit an f32 (WGSL refuses it)."""
+    try:
+        return struct.unpack("<I", struct.pack("<f", float(literal)))[0]
+    except OverflowError:
+        return None
 
 
 def _family(k: dict, sk: tuple, label: bool = True) -> tuple:

@@ -39,6 +39,12 @@ def _filled(parts: tuple, holes: frozenset, what: str, values: dict) -> str:
     return "".join(str(values[p]) if i % 2 else p for i, p in enumerate(parts))
 
 
+def i32_literal(v: int) -> str:
+    """A WGSL i32 literal, typed (`-3i`): where a size or offset enters i32 arithmetic, the quick
+    tier may read it from a uniform (compiler/lift_sizes.py), which an untyped one would not allow."""
+    return f"{int(v)}i"
+
+
 def f32_literal(v: float) -> str:
     """A WGSL f32 literal for any finite or infinite value."""
     v = float(v)

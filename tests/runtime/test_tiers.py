@@ -161,17 +161,66 @@ def test_bind_groups_wait_for_the_buffers_and_a_cancelled_load_makes_none(device
     s._bind_group = lambda *a: made.append(threading.current_thread()) or real(*a)
     allocated, cancel = threading.Event(), threading.Event()
     out = {}
-    worker = threading.Thread(target=lambda: out.update(r=make_bind_groups(s, s.device_class, 1, {}, cancel, allocated)))
-    worker.start()
-    worker.join(0.2)
-    assert worker.is_alive() and not made  # waiting for the buffers
-    allocated.set()
-    worker.join(60)
-    forms, groups = out["r"]
-    assert len(groups) == len(made) > 0 and set(made) == {worker}
-    assert all(key in groups for steps in forms.values() for _, key in steps)
-    made.clear()
-    cancel.set()
-    _, none = make_bind_groups(s, s.device_class, 1, {}, cancel)
-    assert not made and set(none.values()) == {None}
-    s.close()
+    worker = threading.Thread(target=lambda: out.update(r=make_bind_groups(s, s.device_class, 1, {}, cancel, allocated)),
+                              daemon=True)
+    try:
+        worker.start()
+        worker.join(0.2)
+        assert worker.is_alive() and not made  # waiting for the buffers
+        allocated.set()
+        worker.join(60)
+        forms, groups = out["r"]
+        assert len(groups) == len(made) > 0 and set(made) == {worker}
+        assert all(key in groups for steps in forms.values() for _, key in steps)
+        made.clear()
+        cancel.set()
+        _, none = make_bind_groups(s, s.device_class, 1, {}, cancel)
+        assert not made and set(none.values()) == {None}
+    finally:
+        allocated.set()
+        s.close()
+
+
+def _cnn_with_literal_variants():
+    """Convolutions of different paddings, each scaled by its own constant and cut by its own
+    slice: kernels that differ only in f32 and typed i32 literals, which the quick tier joins."""
+    from meganeura.compiler import Builder
+
+    rng = np.random.default_rng(5)
+    b = Builder()
+    h, c_in, size = b.input("x", (2, 3, 12, 12)), 3, 12
+    for i, (pad, scale, cut) in enumerate([(1, 0.5, 1), (2, 0.25, 2), (1, 0.125, 0)]):
+        w = b.param(f"c{i}.weight", (rng.standard_normal((8, c_in, 3, 3)) * 0.3).astype(np.float32))
+        h = b.mul(b.relu(b.conv2d(h, w, stride=(1, 1), padding=(pad,) * 4)), b.const(scale))
+        size += 2 * pad - 2
+        h = b.slice(h, starts=(0, 0, cut, cut), steps=(1, 1, 1, 1), shape=(2, 8, size - 2 * cut, size - 2 * cut))
+        size, c_in = size - 2 * cut, 8
+    h = b.linear(b.mean(h, axes=(2, 3)), b.param("fc.weight", (rng.standard_normal((5, c_in)) * 0.3).astype(np.float32)))
+    b.output("y", h)
+    return b.build(), {"x": rng.standard_normal((2, 3, 12, 12)).astype(np.float32),
+                       "labels": rng.standard_normal((2, 5)).astype(np.float32)}
+
+
+def test_the_quick_tier_joins_kernels_differing_in_f32_and_i32_literals(device, hold_tuned):
+    model, inputs = _cnn_with_literal_variants()
+    pkg = Package.from_bytes(compile_model(model, CONFIG))
+    m = pkg.manifest
+    quick = {d.get("variants", {}).get("quick", d)["kernel"] for p in m["programs"].values() for d in p["dispatches"]}
+    texts = [m["kernels"][i]["wgsl"] for i in quick]
+    assert any("bitcast<f32>(mn_sizes" in t for t in texts) and any("i32(mn_sizes" in t for t in texts)
+    fast = Session(device, pkg, device_class="gpu", quick_start=True)
+    plain = Session(device, pkg, device_class="gpu")
+    tg = build_training_graph(model.graph, CONFIG)
+    values, refs = {}, []
+    for _ in range(3):
+        ref, assigned = run_graph(tg, {**inputs, "__row_mask": np.ones(2)}, np.float64, values)
+        values.update(assigned)
+        refs.append(float(ref["loss"]))
+    np.testing.assert_allclose(fast.run("infer", {"x": inputs["x"]})["y"], plain.run("infer", {"x": inputs["x"]})["y"],
+                               rtol=1e-5, atol=1e-6)
+    got, want = _steps(fast, inputs), _steps(plain, inputs)
+    assert fast.tier == "quick"  # (every step ran on it)
+    np.testing.assert_allclose(got, refs, rtol=1e-4)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    fast.close()
+    plain.close()
