@@ -35,7 +35,8 @@ _LITERAL = re.compile(r"(?<![\w.])(\d+)u\b")
 _F32_LITERAL = re.compile(r"\bf32\((-?(?:\d+\.\d*|\d+)(?:e[-+]?\d+)?)\)")
 _I32_LITERAL = re.compile(r"(?<![\w.])(\d+)i\b")  # a typed i32 literal (wgsl.i32_literal): i32(...) of one
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
-_CONST_STMT = re.compile(r"\b(?:const|const_assert|override)\b[^;]*;")
+# (a module-scope var<private>'s initializer must be a constant expression too)
+_CONST_STMT = re.compile(r"\b(?:const|const_assert|override|var\s*<\s*private\s*>)[^;]*;")
 _ATTRIBUTE = re.compile(r"@\w+\s*\([^)]*\)")
 _DIVIDES = re.compile(r"[/%]=?\s*")  # an operator whose right operand must stay a constant
 _U32_CONST = re.compile(r"\bconst\s+(\w+)\s*:\s*u32\s*=\s*(\d+)u\s*;")
@@ -73,7 +74,7 @@ def _fixed(code: str, divisors: bool = True) -> list:
         if code.startswith("(", i):
             spans.append((i, _closing(code, i + 1, "(", ")")))
         else:  # a name or literal, maybe indexed or called: up to the next operator or delimiter
-            word = re.match(r"[\w.]+(?:\s*[\[(])?", code[i:])
+            word = re.match(r"(?:-\s*)?[\w.]+(?:\s*[\[(])?", code[i:])  # (a negative divisor too)
             end = i + (word.end() if word else 0)
             if word and code[end - 1] in "[(":
                 end = _closing(code, end, code[end - 1], "]" if code[end - 1] == "[" else ")")
@@ -85,9 +86,9 @@ def skeleton(code: str, quick: bool = False):
     """(text without comments, [(start, end, value)] of its liftable literals, the text with
     them blanked), or None where nothing may be lifted. `quick`: as the quick tier lifts
     (quick_tier): templates marked FIXED too, u32 constants written into their uses, divisors,
-    f32 literals (`f32(1e-05)`: value its bits; SD-1.5's 31 norm kernels differ only in their
-    epsilon and scale) and typed i32 ones (`3i`: convolutions' padding and image sizes, slices'
-    offsets)."""
+    f32 literals (`f32(1e-05)`: value its bits; SD-1.5's 31 add+mul+pow kernels, of its norms,
+    differ in such constants) and typed i32 ones (`3i`: convolutions' padding and image sizes,
+    slices' offsets; the value is the digits, a minus stays in the text)."""
     if NAME in code or (FIXED in code and not quick):  # (NAME: lifted already)
         return None
     text = _COMMENT.sub("", code)
@@ -126,7 +127,7 @@ def lifted_kernel(text: str, found: list, columns: list, members: int, bindings:
         out.append({"~": f"bitcast<f32>({ref})", "$": f"i32({ref})"}.get(_kind(text, lo, hi), ref))
         at = hi
     out.append(text[at:])
-    head = (f"// One kernel for {members} that differ only in sizes: those read from {NAME} "
+    head = (f"// One kernel for {members} that differ only in literals (sizes, constants): those read from {NAME} "
             f"(compiler/lift_sizes.py).\n"
             f"@group(0) @binding({bindings}) var<uniform> {NAME}: array<vec4<u32>, {-(-len(columns) // 4)}>;\n")
     return head + "".join(out)

@@ -42,7 +42,8 @@ def _filled(parts: tuple, holes: frozenset, what: str, values: dict) -> str:
 def i32_literal(v: int) -> str:
     """A WGSL i32 literal, typed (`-3i`): where a size or offset enters i32 arithmetic, the quick
     tier may read it from a uniform (compiler/lift_sizes.py), which an untyped one would not allow."""
-    return f"{int(v)}i"
+    v = int(v)
+    return f"{v}i" if v > -(1 << 31) else f"i32({v})"  # (-2147483648i itself is out of range: its digits are)
 
 
 def f32_literal(v: float) -> str:

@@ -249,3 +249,27 @@ def test_the_runtime_refuses_a_variant_whose_sizes_do_not_fit_its_kernel(cnn_wit
     v.pop("lifted")
     with pytest.raises(PackageError, match=r"variants\['quick'\]"):
         validate_manifest(m)
+
+
+def test_the_quick_tier_reads_f32_and_typed_i32_literals_by_type():
+    """skeleton(quick=True): f32(...) literals as their bits, typed i32 ones (3i) by their digits
+    (a minus stays in the text), each marked by its type; look-alikes and constant places stay."""
+    import struct
+
+    code = ("const E: f32 = f32(2.5);\nvar<private> p: f32 = f32(0.25);\nfn main() {\n"
+            "let a = vec4<f32>(1.0) * f32(1e-05) + bitcast<f32>(0x3f800000u); let v = vec2i(1, 2);\n"
+            "let b = x - -3i + f32(-0.0) * f32(1e+16); let c = y % 2i + 5u; let big = f32(1e39); }")
+    text, found, blanked = lift_sizes.skeleton(code, quick=True)
+    lits = [text[lo:hi] for lo, hi, _ in found]
+    assert lits == ["f32(1e-05)", "3i", "f32(-0.0)", "f32(1e+16)", "2i", "5u"], lits
+    bits = {text[lo:hi]: v for lo, hi, v in found}
+    assert bits["f32(1e-05)"] == struct.unpack("<I", struct.pack("<f", 1e-05))[0] and bits["f32(-0.0)"] == 1 << 31
+    assert bits["3i"] == 3 and "- -$" in blanked and "~" in blanked and "f32(1e39)" in blanked  # (no f32: stays)
+    assert lift_sizes.skeleton(code) is None or "f32(1e-05)" in lift_sizes.skeleton(code)[2]  # plain lift: u32 only
+
+
+def test_kernels_differing_in_a_literals_type_stay_apart():
+    a = lift_sizes.skeleton("fn main() { let q = x * f32(2.0); }", quick=True)[2]
+    b = lift_sizes.skeleton("fn main() { let q = x * 2i; }", quick=True)[2]
+    c = lift_sizes.skeleton("fn main() { let q = x * 2u; }", quick=True)[2]
+    assert len({a, b, c}) == 3

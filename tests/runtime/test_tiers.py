@@ -222,5 +222,6 @@ def test_the_quick_tier_joins_kernels_differing_in_f32_and_i32_literals(device, 
     assert fast.tier == "quick"  # (every step ran on it)
     np.testing.assert_allclose(got, refs, rtol=1e-4)
     np.testing.assert_allclose(got, want, rtol=1e-5)
+    hold_tuned.set()  # (close() waits for the held compiles)
     fast.close()
     plain.close()
