@@ -36,6 +36,17 @@ def _steps(session, inputs, n=3):
     return [float(session.run("train_step", inputs)["loss"]) for _ in range(n)]
 
 
+def _interpreter_losses(model, inputs, n=3):
+    """The first n training losses by the float64 interpreter (compiler/interpret.py)."""
+    tg = build_training_graph(model.graph, CONFIG)
+    values, losses = {}, []
+    for _ in range(n):
+        ref, assigned = run_graph(tg, {**inputs, "__row_mask": np.ones(2)}, np.float64, values)
+        values.update(assigned)
+        losses.append(float(ref["loss"]))
+    return losses
+
+
 def test_the_quick_tier_trains_like_the_tuned_one_and_the_interpreter(device, hold_tuned, cnn):
     model, inputs, pkg = cnn
     m = pkg.manifest
@@ -48,12 +59,7 @@ def test_the_quick_tier_trains_like_the_tuned_one_and_the_interpreter(device, ho
     with pytest.raises(TimeoutError):
         fast.wait_tuned(timeout=0.05)
     plain = Session(device, pkg, device_class="gpu")
-    tg = build_training_graph(model.graph, CONFIG)
-    values, refs = {}, []
-    for _ in range(3):
-        ref, assigned = run_graph(tg, {**inputs, "__row_mask": np.ones(2)}, np.float64, values)
-        values.update(assigned)
-        refs.append(float(ref["loss"]))
+    refs = _interpreter_losses(model, inputs)
     got, want = _steps(fast, inputs), _steps(plain, inputs)
     assert fast.tier == "quick"  # (all three steps ran on it)
     np.testing.assert_allclose(got, refs, rtol=1e-4)
@@ -210,12 +216,7 @@ def test_the_quick_tier_joins_kernels_differing_in_f32_and_i32_literals(device, 
     assert any("bitcast<f32>(mn_sizes" in t for t in texts) and any("i32(mn_sizes" in t for t in texts)
     fast = Session(device, pkg, device_class="gpu", quick_start=True)
     plain = Session(device, pkg, device_class="gpu")
-    tg = build_training_graph(model.graph, CONFIG)
-    values, refs = {}, []
-    for _ in range(3):
-        ref, assigned = run_graph(tg, {**inputs, "__row_mask": np.ones(2)}, np.float64, values)
-        values.update(assigned)
-        refs.append(float(ref["loss"]))
+    refs = _interpreter_losses(model, inputs)
     np.testing.assert_allclose(fast.run("infer", {"x": inputs["x"]})["y"], plain.run("infer", {"x": inputs["x"]})["y"],
                                rtol=1e-5, atol=1e-6)
     got, want = _steps(fast, inputs), _steps(plain, inputs)
