@@ -94,7 +94,7 @@ def main(argv=None):
     from meganeura.runtime import Package
     from meganeura.runtime.device import default_device
     from meganeura.runtime.native import shader_module
-    from meganeura.runtime.session import _variant
+    from meganeura.runtime.package import kernels_of
 
     dev = default_device()
 
@@ -107,7 +107,7 @@ def main(argv=None):
     rows = []
     for name, path in compiled_packages(args.only):
         m = Package.load(path).manifest
-        used = sorted({_variant(d, args.variant)["kernel"] for p in m["programs"].values() for d in p["dispatches"]})
+        used = sorted(kernels_of(m, args.variant))
         per = []
         for i in used:
             k = m["kernels"][i]

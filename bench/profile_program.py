@@ -23,12 +23,12 @@ def profile(session, program: str, repeats: int = 5, chunk: int = 2000) -> list:
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
         med[lo:hi] = _profile_range(session, program, lo, hi, repeats)
-    from meganeura.runtime.session import _variant
+    from meganeura.runtime.package import as_variant
 
     pkg = session.package
     rows = []
     for i, d in enumerate(pkg.programs[program]["dispatches"]):
-        d = _variant(d, session.device_class)
+        d = as_variant(d, session.device_class)
         rows.append((float(med[i]), pkg.manifest["kernels"][d["kernel"]]["label"], d["workgroups"]))
     return rows
 

@@ -23,7 +23,7 @@ import hashlib
 import re
 import struct
 
-from ..runtime.package import MAX_LIFTED, QUICK
+from ..runtime.package import MAX_LIFTED, QUICK, as_variant
 
 ENABLED = True  # bench/run.py --no-lift-sizes
 FIXED = "// Sizes stay written in (compiler/lift_sizes.py)"  # a template's mark (igemm_common, attention*)
@@ -133,6 +133,20 @@ def lifted_kernel(text: str, found: list, columns: list, members: int, bindings:
     return head + "".join(out)
 
 
+def _joined(kernels: list, members: list, shapes: dict, **fields) -> tuple | None:
+    """(one kernel for `members`, reading the literals that differ between them from mn_sizes,
+    with `fields` over the first member's; member -> its values), or None where none differ or
+    more than MAX_LIFTED do."""
+    found = [shapes[i][1] for i in members]
+    columns = [c for c in range(len(found[0])) if len({f[c][2] for f in found}) > 1]
+    if not columns or len(columns) > MAX_LIFTED:
+        return None
+    first = kernels[members[0]]
+    text = lifted_kernel(shapes[members[0]][0], found[0], columns, len(members), len(first["access"]))
+    kernel = {**first, **fields, "wgsl": text, "lifted": len(columns), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    return kernel, {i: [f[c][2] for c in columns] for i, f in zip(members, found)}
+
+
 def _kind(text: str, lo: int, hi: int) -> str:
     """A liftable literal's mark in a skeleton: # u32, ~ f32 (its bits), $ i32."""
     return "~" if text.startswith("f32(", lo) else "$" if text[hi - 1] == "i" else "#"
@@ -192,19 +206,11 @@ def lift(kernels: list, programs: dict) -> tuple:
         families.setdefault(_family(k, sk), []).append(i)
     new_kernels = list(kernels)
     remap = {}  # old kernel -> (family kernel, its lifted values)
-    for key, members in families.items():
-        if len(members) < 2:
-            continue
-        found = [shapes[i][1] for i in members]
-        columns = [c for c in range(len(found[0])) if len({f[c][2] for f in found}) > 1]
-        if not columns or len(columns) > MAX_LIFTED:
-            continue
-        first = kernels[members[0]]
-        text = lifted_kernel(shapes[members[0]][0], found[0], columns, len(members), len(first["access"]))
-        new_kernels.append({**first, "wgsl": text, "lifted": len(columns),
-                            "sha256": hashlib.sha256(text.encode()).hexdigest()})
-        for i, f in zip(members, found):
-            remap[i] = (len(new_kernels) - 1, [f[c][2] for c in columns])
+    for members in families.values():
+        joined = _joined(kernels, members, shapes) if len(members) > 1 else None
+        if joined is not None:
+            new_kernels.append(joined[0])
+            remap.update((i, (len(new_kernels) - 1, values)) for i, values in joined[1].items())
     if not remap:
         return kernels, programs
     # the members go (every kernel is some dispatch's: the writer adds them so), the families stay
@@ -229,7 +235,7 @@ def quick_tier(kernels: list, programs: dict) -> tuple:
         return kernels, programs
 
     def subject(d):  # the kernel the quick tier would run unless a family takes it
-        return d.get("variants", {}).get(QUICK, d)
+        return as_variant(d, QUICK)
 
     families, shapes = {}, {}
     for i in sorted({subject(d)["kernel"] for p in programs.values() for d in p["dispatches"]}):
@@ -241,17 +247,12 @@ def quick_tier(kernels: list, programs: dict) -> tuple:
     for members in families.values():
         plain = {(i,) if sk is None else _family(kernels[i], sk)
                  for i, sk in ((i, skeleton(kernels[i]["wgsl"])) for i in members)}
-        found = [shapes[i][1] for i in members]
-        columns = [c for c in range(len(found[0])) if len({f[c][2] for f in found}) > 1]
-        if len(plain) < 2 or not columns or len(columns) > MAX_LIFTED:
-            continue
-        first = kernels[members[0]]
-        text = lifted_kernel(shapes[members[0]][0], found[0], columns, len(members), len(first["access"]))
-        label = first.get("label", "")
-        new_kernels.append({**first, "label": label if label.endswith(f"({QUICK})") else f"{label} ({QUICK})",
-                            "wgsl": text, "lifted": len(columns), "sha256": hashlib.sha256(text.encode()).hexdigest()})
-        for i, f in zip(members, found):
-            remap[i] = (len(new_kernels) - 1, [f[c][2] for c in columns])
+        label = kernels[members[0]].get("label", "")
+        joined = _joined(kernels, members, shapes, label=label if label.endswith(f"({QUICK})") else f"{label} ({QUICK})") \
+            if len(plain) > 1 else None
+        if joined is not None:
+            new_kernels.append(joined[0])
+            remap.update((i, (len(new_kernels) - 1, values)) for i, values in joined[1].items())
 
     def with_quick(d):
         s = subject(d)

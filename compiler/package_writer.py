@@ -15,14 +15,11 @@ import numpy as np
 
 from . import arenas, lift_sizes
 from . import blob as blobs  # (blobs.CHUNK read at write time: tests vary it)
-from ..runtime.package import DTYPES, QUICK
+from ..runtime.package import DTYPES, FORMAT_NAME, FORMAT_VERSION, MAGIC, QUICK
 from .codegen import WG, KernelCode, generate, grid
 from .half_weights import as_half
 from .schedule import Schedule, base_of
 
-MAGIC = b"MNPK\r\n\x1a\n"
-FORMAT_NAME = "meganeura-package"
-FORMAT_VERSION = 5  # 5: dispatches may carry a "quick" variant; 4: kernels may read sizes from a uniform buffer (lift_sizes)
 VARIANTS_SINCE = {QUICK: 5}  # the format version that first carries a variant (older ones: left out)
 ALIGN = 16
 

@@ -43,6 +43,18 @@ QUICK = "quick"  # the quick tier's variant (Session(quick_start=True); compiler
 VARIANTS = (*DEVICE_CLASSES, QUICK)
 
 
+def as_variant(d: dict, variant: str) -> dict:
+    """A dispatch as `variant` (a device class, or QUICK) runs it: its variant's kernel,
+    workgroups and lifted sizes, where it has that variant; else the dispatch itself."""
+    v = d.get("variants", {}).get(variant)
+    return d if v is None else {**d, "kernel": v["kernel"], "workgroups": v["workgroups"], "lifted": v.get("lifted")}
+
+
+def kernels_of(manifest: dict, variant: str) -> set:
+    """The kernels a device running `variant` makes pipelines of."""
+    return {as_variant(d, variant)["kernel"] for p in manifest["programs"].values() for d in p["dispatches"]}
+
+
 class PackageError(ValueError):
     """The package file is damaged, from an incompatible compiler, or inconsistent."""
 
@@ -220,12 +232,8 @@ class Package:
                              for k, i in p["outputs"].items())
             lines.append(f"  program {name}: {len(p['dispatches'])} dispatches; ({ins}) -> ({outs}); "
                          f"scratch peak {p['scratch_peak_bytes']} bytes")
-        ds = [d for p in m["programs"].values() for d in p["dispatches"]]
-
-        def made(variant):  # the pipelines a device running `variant` makes
-            return len({d.get("variants", {}).get(variant, d)["kernel"] for d in ds})
-        lines.append(f"  kernels: {len(m['kernels'])} distinct; a GPU makes {made('gpu')} pipelines "
-                     f"(with quick_start first {made('quick')}), a CPU rasteriser {made('cpu')}")
+        lines.append(f"  kernels: {len(m['kernels'])} distinct; a GPU makes {len(kernels_of(m, 'gpu'))} pipelines "
+                     f"(with quick_start first {len(kernels_of(m, QUICK))}), a CPU rasteriser {len(kernels_of(m, 'cpu'))}")
         if m.get("training"):
             t = m["training"]
             lines.append(f"  training: loss {t['loss']}, optimizer {t['optimizer']}, lr {t['lr']}, "

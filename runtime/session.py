@@ -20,9 +20,9 @@ from .errors import DeviceLostError, GPUOutOfMemoryError
 from .inputs import coerce, fits, pad, rows
 from .lifted_sizes import alignment, layout, manifest_values, sizes_buffer, slice_bytes
 from .loading import SWITCH_INTERVAL, LoadingSession, default_threads
-from .package import DTYPES, QUICK, Package, PackageError, workgroup_bytes
+from .package import DTYPES, QUICK, Package, PackageError, as_variant, kernels_of, workgroup_bytes
 from .threads import OnThread, in_background
-from .tiers import TunedTier, assemble, make_bind_groups
+from .tiers import TunedTier, assemble, longest_first, make_bind_groups
 
 # threads writing the weights at load (each write copies into a staging buffer of the driver's).
 # H200, 1 / 4 / 8 threads: SD-1.5 warm 1.74 / 1.33 / 1.21 s but cold 2.57 / 2.60 / 2.68 s (beside
@@ -91,12 +91,12 @@ class Session:
         self._layouts = {}
         self.device_class = device_class or (
             "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu")
-        dispatches = [d for p in m["programs"].values() for d in p["dispatches"]]
-        tuned = {_variant(d, self.device_class)["kernel"] for d in dispatches}
+        tuned = kernels_of(m, self.device_class)
         first_variant, used = self.device_class, tuned  # the variant run first, and its kernels
-        if quick_start and self.device_class == "gpu" and any(QUICK in d.get("variants", {}) for d in dispatches):
+        if quick_start and self.device_class == "gpu" and any(
+                QUICK in d.get("variants", {}) for p in m["programs"].values() for d in p["dispatches"]):
             first_variant, self.tier = QUICK, QUICK  # (CPU rasterisers run their own variants)
-            used = {_variant(d, QUICK)["kernel"] for d in dispatches}
+            used = kernels_of(m, QUICK)
         self._check_workgroup_memory(m["kernels"], used | tuned)
         # the driver compiles pipelines, and bind groups are made, on threads while this one
         # makes the buffers and uploads the weights
@@ -106,11 +106,8 @@ class Session:
             _progress.expect(len(todo) + len(uploads))
         for i in used | tuned:
             self._layout(m["kernels"][i])  # shared by kernels: made here, not in the threads
-        # the longest kernels first (their WGSL's length: NVIDIA took 100-240 ms on the 8x8-per-thread
-        # GEMMs, ~12 on most), so that no long compile starts last and holds up the load alone
         threads = None if _progress is None else min(_progress.threads, LOAD_THREADS)  # (a background load's)
-        pipelines = _in_background({i: (self._pipeline, i, k) for i, k in sorted(todo, key=lambda ik: -len(ik[1]["wgsl"]))},
-                                   threads)
+        pipelines = _in_background({i: (self._pipeline, i, k) for i, k in longest_first(todo)}, threads)
         # each dispatch's bind group key computed on a thread while the buffers are made here (made
         # on a thread of their own from the start, they held up the compiles' start by 34 ms for
         # DINOv2: bench/REJECTED.md); then, on that thread, the groups
@@ -323,7 +320,7 @@ class Session:
         kernels = self.package.manifest["kernels"]
 
         def form(d):
-            d = _variant(d, variant)
+            d = as_variant(d, variant)
             return d, (tuple(kernels[d["kernel"]]["access"]), tuple(d["buffers"]),
                        tuple(None if r is None else tuple(r) for r in d.get("ranges") or [None] * len(d["buffers"])),
                        tuple(d.get("lifted") or ()))
@@ -576,8 +573,3 @@ def _in_background(calls: dict, threads: int | None = None):
     asked, for 8 calls or fewer)."""
     return in_background(calls, threads if threads is not None else LOAD_THREADS if len(calls) > 8 else 0)
 
-
-def _variant(d: dict, device_class: str) -> dict:
-    """A dispatch as `device_class` runs it: its variant's kernel and workgroups, if any."""
-    v = d.get("variants", {}).get(device_class)
-    return d if v is None else {**d, "kernel": v["kernel"], "workgroups": v["workgroups"], "lifted": v.get("lifted")}

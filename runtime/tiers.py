@@ -34,6 +34,12 @@ def make_bind_groups(session, variant: str, threads: int, known: dict, cancel: t
     return forms, {**known, **in_background(calls, threads if threads > 1 else 0)()}
 
 
+def longest_first(todo: list) -> list:
+    """(index, kernel) pairs, the longest WGSL first (NVIDIA took 100-240 ms on the 8x8-per-thread
+    GEMMs, ~12 on most): no long compile starts last and holds up a tier alone."""
+    return sorted(todo, key=lambda ik: -len(ik[1]["wgsl"]))
+
+
 def assemble(forms: dict, kernels: dict, groups: dict) -> dict:
     """Program -> [(pipeline, bind group, workgroups, their native handles)], what record() encodes."""
     programs = {}
@@ -58,8 +64,7 @@ class TunedTier:
         self.session, self.error, self._bind_threads = session, None, bind_threads
         self._cancel = threading.Event()
         kernels = session.package.manifest["kernels"]
-        todo = sorted(((i, kernels[i]) for i in used - set(session.kernels)),
-                      key=lambda ik: -len(ik[1]["wgsl"]))  # the longest first, as the first tier's
+        todo = longest_first([(i, kernels[i]) for i in used - set(session.kernels)])
         self._compiles = in_background({i: (session._pipeline, i, k, False) for i, k in todo}, threads)
         self._thread = OnThread(self._swap_in, name="meganeura-tuned")
 

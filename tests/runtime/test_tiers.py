@@ -7,6 +7,7 @@ import pytest
 from meganeura.compiler import TrainConfig, compile_model, run_graph
 from meganeura.compiler.training import build_training_graph
 from meganeura.runtime import Package, PackageError, Session
+from meganeura.runtime.package import QUICK, kernels_of
 
 CONFIG = TrainConfig(loss="mse", optimizer="adamw", lr=1e-2)
 
@@ -50,7 +51,7 @@ def _interpreter_losses(model, inputs, n=3):
 def test_the_quick_tier_trains_like_the_tuned_one_and_the_interpreter(device, hold_tuned, cnn):
     model, inputs, pkg = cnn
     m = pkg.manifest
-    quick = {d.get("variants", {}).get("quick", d)["kernel"] for p in m["programs"].values() for d in p["dispatches"]}
+    quick = kernels_of(m, QUICK)
     tuned = {d["kernel"] for p in m["programs"].values() for d in p["dispatches"]}
     assert len(quick) < len(tuned)  # fewer pipelines first (and the GEMMs' cheap to compile)
     assert f"a GPU makes {len(tuned)} pipelines (with quick_start first {len(quick)})" in pkg.summary()
@@ -106,7 +107,7 @@ def test_a_tuned_kernel_the_compiler_rejects_leaves_the_quick_tier_running(devic
     session it came to goes on with the kernels that work."""
     _, inputs, pkg = cnn
     m = pkg.manifest
-    quick = {d.get("variants", {}).get("quick", d)["kernel"] for p in m["programs"].values() for d in p["dispatches"]}
+    quick = kernels_of(m, QUICK)
     broken = dict(m, kernels=[k if i in quick else dict(k, wgsl=k["wgsl"] + "\nfn broken() { let x: f32 = 1u; }")
                               for i, k in enumerate(m["kernels"])])
     with pytest.warns(RuntimeWarning, match="(?s)tuned kernels were not made .*keeps running its quick tier"):
@@ -211,7 +212,7 @@ def test_the_quick_tier_joins_kernels_differing_in_f32_and_i32_literals(device, 
     model, inputs = _cnn_with_literal_variants()
     pkg = Package.from_bytes(compile_model(model, CONFIG))
     m = pkg.manifest
-    quick = {d.get("variants", {}).get("quick", d)["kernel"] for p in m["programs"].values() for d in p["dispatches"]}
+    quick = kernels_of(m, QUICK)
     texts = [m["kernels"][i]["wgsl"] for i in quick]
     assert any("bitcast<f32>(mn_sizes" in t for t in texts) and any("i32(mn_sizes" in t for t in texts)
     fast = Session(device, pkg, device_class="gpu", quick_start=True)
