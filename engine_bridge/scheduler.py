@@ -52,9 +52,10 @@ class FrameScheduler:
         self.session, self.device = session, session.device
         self.budget_ms = float(budget_ms)
         self.before, self.after = list(before), list(after)
-        if infer is not None and infer not in session.programs:
+        programs = session.package.programs  # (session.programs would wait for the training state)
+        if infer is not None and infer not in programs:
             raise KeyError(f"no program {infer!r} in this package")
-        self.infer, self.train_program = infer, train if train in session.programs else None
+        self.infer, self.train_program = infer, train if train in programs else None
         if chunk_dispatches < 1:
             raise ValueError("chunk_dispatches must be at least 1")
         self.chunks = {}
@@ -80,7 +81,7 @@ class FrameScheduler:
         self.steps_started = self.steps_done = 0
         self._batches, self._step, self._step_limit = None, None, None
         self._held, self._held_count = [], held_batches
-        self._inputs, self._ctx, self._prepare = {}, {}, None
+        self._inputs, self._ctx, self._prepare, self._unset = {}, {}, None, False
 
     @property
     def train_active(self) -> bool:
@@ -107,23 +108,34 @@ class FrameScheduler:
         limit = None if steps is None else self.steps_started + steps
         self._batches = None if batches is None else iter(batches)
         self._step_limit, self._prepare, self.training = limit, prepare, True
+        m = self.session.package.manifest
+        if not (self._held or self._unset) and m["memory"].get("shared_scratch") and len(m["programs"]) > 1:
+            import warnings
+
+            warnings.warn("this package was compiled with share_scratch=True: every scratch buffer the training "
+                          "step binds is saved and restored around its chunks (more memory and copies); "
+                          "compile without it for a frame scheduler", stacklevel=2)
+        self._unset = batches is None or not self._held  # (set up in the first frame the training state exists)
+
+    def _set_up(self) -> bool:
+        """Training's own buffers, once the session's training state is made (never waits in a frame)."""
+        if not self._unset:
+            return True
+        if not self.session.training_ready:
+            return False
         if not self._held:
             self._setup_training()
         mask = self.session.package.programs[self.train_program].get("row_mask")
-        if batches is None and mask:  # data already on the GPU: every row counts (one upload, here)
+        if self._batches is None and mask:  # data already on the GPU: every row counts (one upload, here)
             t = self._inputs[mask]
             self.device.queue.write_buffer(self.session.buffers[t["buffer"]], 0, np.ones(t["shape"], np.float32))
+        self._unset = False
+        return True
 
     def _setup_training(self):
         """Find the buffers a step must keep to itself: its declared inputs, and every buffer it
         binds that another program writes (or takes as input) between its chunks."""
         wgpu, s, m = self._wgpu, self.session, self.session.package.manifest
-        if m["memory"].get("shared_scratch") and len(m["programs"]) > 1:
-            import warnings
-
-            warnings.warn("this package was compiled with share_scratch=True: every scratch buffer the training "
-                          "step binds is saved and restored around its chunks (more memory and copies); "
-                          "compile without it for a frame scheduler", stacklevel=3)
         usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         prog = m["programs"][self.train_program]
         others = set()
@@ -275,6 +287,8 @@ class FrameScheduler:
 
     def _record_training(self, encoder, f, spent):
         chunks, prog = self.chunks[self.train_program], self.train_program
+        if not self._set_up():
+            return spent
         while f["train_chunks"] < self.max_train_chunks:
             if self._step is None and not self._start_step():
                 break

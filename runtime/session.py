@@ -23,6 +23,7 @@ from .loading import SWITCH_INTERVAL, LoadingSession, default_threads
 from .package import DTYPES, QUICK, Package, PackageError, as_variant, kernels_of, workgroup_bytes
 from .threads import OnThread, in_background
 from .tiers import TunedTier, assemble, longest_first, make_bind_groups
+from .training_state import TRAINING, Buffers, TrainingState, deferred_buffers
 
 # threads writing the weights at load (each write copies into a staging buffer of the driver's).
 # H200, 1 / 4 / 8 threads: SD-1.5 warm 1.74 / 1.33 / 1.21 s but cold 2.57 / 2.60 / 2.68 s (beside
@@ -83,7 +84,7 @@ class Session:
         self.lost = self.closed = False
         self._device_class_arg, self.memory_limit = device_class, memory_limit
         self.shader_checks, self.quick_start = shader_checks, quick_start
-        self._tuned, self._retired, self.tier = None, [], "tuned"
+        self._tuned, self._training, self._retired, self.tier = None, None, [], "tuned"
         self._progress = _progress  # a LoadingSession's count of pipelines made and weights uploaded
         m = pkg.manifest
         self._check_device(m)  # every size against the device before any allocation
@@ -98,6 +99,8 @@ class Session:
             first_variant, self.tier = QUICK, QUICK  # (CPU rasterisers run their own variants)
             used = kernels_of(m, QUICK)
         self._check_workgroup_memory(m["kernels"], used | tuned)
+        later = deferred_buffers(m)  # the training state: made after the load (runtime/training_state.py)
+        first_programs = [name for name in m["programs"] if name != TRAINING] if later else None
         # the driver compiles pipelines, and bind groups are made, on threads while this one
         # makes the buffers and uploads the weights
         todo = [(i, k) for i, k in enumerate(m["kernels"]) if i in used]
@@ -114,9 +117,11 @@ class Session:
         stop, allocated = threading.Event(), threading.Event()
         groups = None
         try:
-            groups = OnThread(lambda: make_bind_groups(self, first_variant, BIND_GROUP_THREADS, {}, stop, allocated),
-                              "meganeura-bind")
-            self.buffers = self._allocate(m["buffers"])
+            groups = OnThread(lambda: make_bind_groups(self, first_variant, BIND_GROUP_THREADS, {}, stop, allocated,
+                                                       first_programs), "meganeura-bind")
+            self.allocated_bytes = 0
+            now = [i for i in range(len(m["buffers"])) if i not in later]
+            self.buffers = Buffers(self._allocate(now, "the package"), len(m["buffers"]), later)
             self._sizes = sizes_buffer(self.device, self._sizes_layout)
             self.allocated_bytes += self._sizes_layout[0]
             allocated.set()
@@ -136,7 +141,9 @@ class Session:
             groups.join()
             raise
         first, self._groups = groups.wait()
-        self.programs = assemble(first, self.kernels, self._groups)
+        self._programs = assemble(first, self.kernels, self._groups)
+        if later:
+            self._training = TrainingState(self, later, first_variant)
         if self.tier == QUICK:  # the host's frames go on beside it: a background load's threads, or the spare cores
             self._tuned = TunedTier(self, tuned, default_threads() if _progress is None else _progress.threads,
                                     BIND_GROUP_THREADS)
@@ -219,23 +226,25 @@ class Session:
                     "If the adapter allows more, make the device with required_limits="
                     "{'max-compute-workgroup-storage-size': adapter.limits['max-compute-workgroup-storage-size']}")
 
-    def _allocate(self, sizes):
-        wgpu = self._wgpu
+    def _allocate(self, which: list, what: str, cancel=None) -> dict:
+        """Buffers `which` (indices into the manifest's sizes), index -> buffer; none once `cancel` is set."""
+        wgpu, sizes = self._wgpu, self.package.manifest["buffers"]
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
-        buffers = []
-        self.allocated_bytes = 0
-        for i, size in enumerate(sizes):
+        made = {}
+        for i in which:
+            if cancel is not None and cancel.is_set():
+                return {}
             try:
-                buffers.append(self.device.create_buffer(size=size, usage=usage, label=f"mn{i}"))
+                made[i] = self.device.create_buffer(size=sizes[i], usage=usage, label=f"mn{i}")
             except wgpu.GPUValidationError as exc:
-                buffers.clear()  # released, not destroyed: nothing was ever submitted with them
-                self._raise_if_lost(exc, "loading the package")
+                made.clear()  # released, not destroyed: nothing was ever submitted with them
+                self._raise_if_lost(exc, f"making {what}")
                 raise GPUOutOfMemoryError(
-                    f"the package needs {sum(sizes) / 2**20:.1f} MiB of GPU memory in {len(sizes)} buffers; "
-                    f"the device could not allocate buffer {i} ({size / 2**20:.1f} MiB): "
+                    f"{what} needs {sum(sizes[j] for j in which) / 2**20:.1f} MiB of GPU memory in {len(which)} "
+                    f"buffers; the device could not allocate buffer {i} ({sizes[i] / 2**20:.1f} MiB): "
                     f"{str(exc).strip().splitlines()[-1].strip()}") from None
-            self.allocated_bytes += size
-        return buffers
+            self.allocated_bytes += sizes[i]
+        return made
 
     @contextmanager
     def _gpu(self, what):
@@ -278,11 +287,27 @@ class Session:
         quick_start Session still compiling its tuned kernels waits for those the driver has
         begun (up to a few tenths of a second on a first launch)."""
         self.closed = True
-        if self._tuned is not None:
-            self._tuned.cancel()
-        self.buffers, self.programs, self.kernels, self._staging, self._layouts = [], {}, {}, {}, {}
+        for behind in (self._training, self._tuned):
+            if behind is not None:
+                behind.cancel()
+        self.buffers, self._programs, self.kernels, self._staging, self._layouts = [], {}, {}, {}, {}
         self._groups, self._retired = {}, []
         self._sizes = (None, {})
+
+    @property
+    def programs(self) -> dict:
+        """Program -> its recorded steps (what record() encodes); the training program's once
+        the training state is made (this waits for it: `training_ready`)."""
+        if self._training is not None and not self.closed:
+            self._training.join()
+        return self._programs
+
+    @property
+    def training_ready(self) -> bool:
+        """Whether the training state is made (never blocks): a training package's gradients,
+        optimizer moments and kept activations are made on a thread just after the load, and
+        until then the training step (and reading or writing one of those tensors) waits."""
+        return self._training is None or self._training.done
 
     def __enter__(self):
         return self
@@ -315,8 +340,8 @@ class Session:
             self._layouts[key] = (bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]))
         return self._layouts[key]
 
-    def _forms(self, variant: str) -> dict:
-        """Program -> [(each dispatch as `variant` runs it, its bind group's key)]."""
+    def _forms(self, variant: str, programs=None) -> dict:
+        """Program (of `programs`, default all) -> [(each dispatch as `variant` runs it, its bind group's key)]."""
         kernels = self.package.manifest["kernels"]
 
         def form(d):
@@ -324,7 +349,8 @@ class Session:
             return d, (tuple(kernels[d["kernel"]]["access"]), tuple(d["buffers"]),
                        tuple(None if r is None else tuple(r) for r in d.get("ranges") or [None] * len(d["buffers"])),
                        tuple(d.get("lifted") or ()))
-        return {name: [form(d) for d in p["dispatches"]] for name, p in self.package.manifest["programs"].items()}
+        return {name: [form(d) for d in p["dispatches"]] for name, p in self.package.manifest["programs"].items()
+                if programs is None or name in programs}
 
     def _pipeline(self, i, k, counted=True):
         wgpu = self._wgpu
@@ -379,8 +405,10 @@ class Session:
                     dispatch(x, y, z)
             cpass.end()  # through wgpu-py: errors recorded in the pass raise here
 
-    def dispatch_count(self, program: str) -> int:
-        return len(self._steps(program))
+    def dispatch_count(self, program: str) -> int:  # (never waits for the training state)
+        if self.closed or program not in self.package.programs:
+            self._steps(program)  # (raises)
+        return len(self.package.programs[program]["dispatches"])
 
     def wait_tuned(self, timeout: float | None = None) -> None:
         """Wait (up to `timeout` seconds: TimeoutError) until the tuned kernels run, where a
@@ -392,9 +420,13 @@ class Session:
     def _steps(self, program):
         if self.closed:
             raise RuntimeError("this session was closed")
-        if program not in self.programs:
-            raise KeyError(f"no program {program!r} in this package; it has {sorted(self.programs)}")
-        return self.programs[program]
+        steps = self._programs.get(program)
+        if steps is None:
+            if program == TRAINING and self._training is not None:
+                self._training.wait()  # (or raises what stopped it, e.g. GPUOutOfMemoryError)
+                return self._programs[program]
+            raise KeyError(f"no program {program!r} in this package; it has {sorted(self.package.programs)}")
+        return steps
 
     def write_inputs(self, program: str, inputs: dict, rows: int | None = None, check_finite: bool = True):
         """Upload inputs (after checking them) for the next run of `program`. Float inputs
@@ -428,7 +460,7 @@ class Session:
         """
         p = self.package.programs.get(program)
         if p is None:
-            raise KeyError(f"no program {program!r} in this package; it has {sorted(self.programs)}")
+            raise KeyError(f"no program {program!r} in this package; it has {sorted(self.package.programs)}")
         n = rows(inputs)
         if self._batch is None or n is None or n == self._batch:
             self.write_inputs(program, inputs, check_finite=check_finite)

@@ -2,6 +2,7 @@
 its own, and a pool of callables (the compiler uses it too)."""
 from __future__ import annotations
 
+import copy
 import os
 import threading
 
@@ -71,6 +72,17 @@ class OnThread:
         if self._error is not None:
             raise self._error
         return self._result
+
+
+def again(error: BaseException, what: str) -> BaseException:
+    """A copy of a thread's `error` to raise in each caller that asks (raising the one object
+    again and again would grow its traceback), caused by it."""
+    try:
+        copied = copy.copy(error)
+    except Exception:  # noqa: BLE001  (an error type that cannot be copied)
+        copied = RuntimeError(f"{what}: {error}")
+    copied.__cause__, copied.__suppress_context__ = error, True
+    return copied
 
 
 def run_on_threads(tasks, threads: int | None = None):

@@ -5,20 +5,20 @@ launch runs sooner; the tuned kernels compile behind them on threads and replace
 program at once, between two of the host's recordings."""
 from __future__ import annotations
 
-import copy
 import threading
 import warnings
 
-from .threads import OnThread, in_background
+from .threads import OnThread, again, in_background
 
 
 def make_bind_groups(session, variant: str, threads: int, known: dict, cancel: threading.Event,
-                     allocated: threading.Event | None = None) -> tuple:
+                     allocated: threading.Event | None = None, programs=None) -> tuple:
     """(program -> [(each dispatch as `variant` runs it, its bind group's key)], key -> bind
-    group): the groups `known` lacks made on `threads` threads (1: this one), or none more once
-    `cancel` is set. Its keys are a thread's work too (~5,600 dispatches for SD-1.5's package),
-    done while the session's buffers are made; the groups once `allocated` is set."""
-    forms = session._forms(variant)
+    group) for `programs` (names; default all): the groups `known` lacks made on `threads`
+    threads (1: this one), or none more once `cancel` is set. Its keys are a thread's work too
+    (~5,600 dispatches for SD-1.5's package), done while the session's buffers are made; the
+    groups once `allocated` is set."""
+    forms = session._forms(variant, programs)
 
     def bind(name, j, key):
         return None if cancel.is_set() else session._bind_group(name, j, *key)
@@ -72,7 +72,10 @@ class TunedTier:
         s = self.session
         try:
             made = {**s.kernels, **self._compiles()}
-            forms, groups = make_bind_groups(s, s.device_class, self._bind_threads, s._groups, self._cancel)
+            if s._training is not None:  # its program made with the quick tier first, then swapped with the rest
+                s._training.join()
+            forms, groups = make_bind_groups(s, s.device_class, self._bind_threads, s._groups, self._cancel,
+                                             programs=tuple(s._programs))
             programs = assemble(forms, made, groups)
         except BaseException as exc:  # noqa: BLE001  (wait_tuned() raises it; the quick tier runs on)
             if not self._cancel.is_set():
@@ -81,17 +84,13 @@ class TunedTier:
                               "this session keeps running its quick tier", RuntimeWarning, stacklevel=1)
             return
         if not self._cancel.is_set():
-            s._retired.append(s.programs)
-            s.kernels, s._groups, s.programs, s.tier = made, groups, programs, "tuned"
+            s._retired.append(s._programs)
+            s.kernels, s._groups, s._programs, s.tier = made, groups, programs, "tuned"
 
     def wait(self, timeout: float | None = None) -> None:
         self._thread.wait(timeout)
-        if self.error is not None:  # (a copy: raising the one object again would grow its traceback)
-            try:
-                again = copy.copy(self.error)
-            except Exception:  # noqa: BLE001  (an error type that cannot be copied)
-                again = RuntimeError(f"the tuned kernels were not made: {self.error}")
-            raise again from self.error
+        if self.error is not None:
+            raise again(self.error, "the tuned kernels were not made")
 
     def cancel(self) -> None:
         """Stop compiling what has not started, and wait for what has (a Session closing)."""

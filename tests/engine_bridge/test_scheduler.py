@@ -295,3 +295,29 @@ def test_a_package_with_pooled_scratch_gets_a_warning(device):
     pkg = Package.from_bytes(compile_model(b.build(), TrainConfig(loss="mse"), share_scratch=True))
     with pytest.warns(UserWarning, match="share_scratch"):
         FrameScheduler(Session(device, pkg), 4.0).train(iter(()))
+
+
+def test_training_waits_for_frames_in_which_the_training_state_exists(device, seg_package, monkeypatch):
+    """The training state is made after the load (runtime/training_state.py): a scheduler made and
+    told to train before it exists records inference alone, never waiting for it in a frame."""
+    import threading
+
+    from meganeura.runtime.training_state import TrainingState
+
+    gate, real = threading.Event(), TrainingState._make
+    monkeypatch.setattr(TrainingState, "_make", lambda self, *a: gate.wait(60) and real(self, *a))
+    try:
+        session = Session(device, seg_package)
+        sched = FrameScheduler(session, BUDGET_MS)
+        sched.train(batches(1))
+        for _ in range(3):
+            t = time.perf_counter()
+            stats = frame(sched)
+            assert time.perf_counter() - t < 5 and stats["chunks"] > 0 and stats["train_chunks"] == 0
+        assert not session.training_ready and sched.steps_started == 0
+    finally:
+        gate.set()
+    session.programs  # noqa: B018  (the state made)
+    while sched.train_active and sched.frame < 400:
+        frame(sched)
+    assert sched.steps_done == 1

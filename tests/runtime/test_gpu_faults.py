@@ -10,6 +10,7 @@ import wgpu
 
 from meganeura.compiler import Builder, TrainConfig, compile_model
 from meganeura.runtime import DeviceLostError, GPUOutOfMemoryError, Package, Session
+from meganeura.runtime.training_state import deferred_buffers
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +46,34 @@ def batch(seed):
 
 
 def test_out_of_memory_at_load_is_clear_and_the_device_stays_usable(device, package):
-    for fail_at in (1, 7, len(package.manifest["buffers"])):
-        with pytest.raises(GPUOutOfMemoryError, match=r"needs 0.0 MiB of GPU memory in \d+ buffers; "
+    at_load = len(package.manifest["buffers"]) - len(deferred_buffers(package.manifest))
+    for fail_at in sorted({1, at_load // 2 + 1, at_load}):
+        with pytest.raises(GPUOutOfMemoryError, match=r"the package needs 0.0 MiB of GPU memory in \d+ buffers; "
                                                       r"the device could not allocate buffer \d+ .*Not enough memory"):
             Session(FailingDevice(device, fail_at), package)
     session = Session(device, package)  # the same device loads and runs the package afterwards
     assert np.isfinite(session.run("train_step", batch(0))["loss"])
+
+
+def test_out_of_memory_in_the_training_state_leaves_inference_running(device, package):
+    """The training state is made after the load: its allocation failing stops the training step
+    (each time it is asked for, with the same clear error), not the inference."""
+    later = deferred_buffers(package.manifest)
+    assert len(later) >= 10  # the gradients, the moments, the labels, the activations kept
+    at_load = len(package.manifest["buffers"]) - len(later)
+    session = Session(FailingDevice(device, at_load + 3), package)
+    x = batch(0)["x"]
+    logits = session.run("infer", {"x": x})["logits"]
+    for _ in range(2):
+        with pytest.raises(GPUOutOfMemoryError, match=r"the training state needs \d+\.\d MiB of GPU memory in "
+                                                      f"{len(later)} buffers; the device could not allocate buffer"):
+            session.run("train_step", batch(0))
+    with pytest.raises(GPUOutOfMemoryError):
+        session.read_tensor("optimizer.fc1.weight.exp_avg", "state")
+    assert session.training_ready  # (made, or given up: nothing more is coming)
+    np.testing.assert_array_equal(session.run("infer", {"x": x})["logits"], logits)
+    session.close()
+    assert np.isfinite(Session(device, package).run("train_step", batch(0))["loss"])
 
 
 def test_a_lost_device_is_detected_and_the_session_rebuilt_from_its_checkpoint(package, tmp_path):

@@ -163,6 +163,7 @@ def test_bind_groups_wait_for_the_buffers_and_a_cancelled_load_makes_none(device
 
     _, _, pkg = cnn
     s = Session(device, pkg)
+    assert s.programs  # (the training step's groups made: no other thread makes any below)
     made = []
     real = s._bind_group
     s._bind_group = lambda *a: made.append(threading.current_thread()) or real(*a)
