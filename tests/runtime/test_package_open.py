@@ -36,16 +36,19 @@ def test_a_session_from_a_path_runs_as_one_from_a_loaded_package(device, three_c
     np.testing.assert_allclose(got, x.astype(np.float64) @ w.astype(np.float64) + 0.5, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("where", ["header chunk", "last chunk"])
-def test_damaged_weights_are_refused_from_a_path(device, three_chunks, tmp_path, where):
+@pytest.mark.parametrize("where", ["header chunk", "middle chunk", "last chunk"])
+def test_damaged_weights_are_refused_from_a_path(device, three_chunks, tmp_path, where, monkeypatch):
     data, _ = three_chunks
     damaged = bytearray(data)
     man_len = int.from_bytes(data[12:20], "little")
-    damaged[28 + man_len + 100 if where == "header chunk" else -32 - 1000] ^= 0x10
+    at = {"header chunk": 28 + man_len + 100, "middle chunk": 28 + man_len + (20 << 20), "last chunk": -32 - 1000}
+    damaged[at[where]] ^= 0x10
+    # (each read task checks its own chunks: tasks of one chunk, each on a thread of its own)
+    monkeypatch.setattr(package_module, "READ_STEP", 1 << 20)
     path = tmp_path / "p.mnpk"
     path.write_bytes(bytes(damaged))
     # read on a thread (the header chunk first): the Session waits for it before its first upload
-    span = "0-16777216" if where == "header chunk" else r"33554432-\d+"
+    span = {"header chunk": "0-16777216", "middle chunk": "16777216-33554432", "last chunk": r"33554432-\d+"}[where]
     with pytest.raises(PackageError, match=rf"damaged weights: bytes {span} of the weights blob"):
         Session(device, path)
     with pytest.raises(PackageError, match="damaged weights"):
