@@ -172,10 +172,8 @@ class Package:
                         head = more
                 _check_blob(blob, ck, 0, head)
                 layout = _weights_layout(blob[:head], len(blob), manifest)
-                # whole chunks per read, each checked by the thread that read it while its bytes are
-                # in cache (SD-1.5, H200: the checks ended 0.23 s after the reads when done after them)
-                read.into(blob, start, head, len(blob), max(1, READ_STEP // chunk) * chunk, cancel,
-                          lambda a, b: _check_blob(blob, ck, a, b, threads=1))
+                read.into(blob, start, head, len(blob), READ_STEP, cancel)
+            _check_blob(blob, ck, head, len(blob))
             return _weight_views(blob, layout)
         package._reading = OnThread(rest)
         return package
@@ -482,9 +480,9 @@ def _head(read, size: int):
     return manifest, 20 + man_len + 8, end
 
 
-def _check_blob(blob: memoryview, ck: dict, first: int, last: int, threads: int | None = None):
+def _check_blob(blob: memoryview, ck: dict, first: int, last: int):
     """The weights' chunks within bytes first to last (chunk bounds, or the end) against their
-    CRC-32s, on `threads` threads (default: run_on_threads'; zlib releases the GIL)."""
+    CRC-32s, on threads (zlib releases the GIL)."""
     size = ck["chunk_bytes"]
     ranges = [(o, min(len(blob), o + size)) for o in range(0, len(blob), size)] or [(0, 0)]
     if len(ck["values"]) != 4 * len(ranges):
@@ -497,7 +495,7 @@ def _check_blob(blob: memoryview, ck: dict, first: int, last: int, threads: int 
         if zlib.crc32(blob[a:b]) != want[c]:
             bad.append(c)
     todo = [c for c, (a, b) in enumerate(ranges) if first <= a and b <= last and (a < b or not len(blob))]
-    run_on_threads([lambda c=c: check(c) for c in todo], threads)
+    run_on_threads([lambda c=c: check(c) for c in todo])
     if bad:
         a, b = ranges[min(bad)]
         _fail(f"damaged weights: bytes {a}-{b} of the weights blob fail their checksum "

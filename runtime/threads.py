@@ -20,30 +20,23 @@ class FileReader:
         self.into(view, a, 0, b - a)
         return view.tobytes()
 
-    def into(self, view: memoryview, offset: int, a: int, b: int, step: int = 64 << 20, cancel=None,
-             after=None) -> None:
+    def into(self, view: memoryview, offset: int, a: int, b: int, step: int = 64 << 20, cancel=None) -> None:
         """File bytes offset + a to offset + b into view[a:b], `step` bytes per thread's task;
-        `cancel` (a threading.Event), once set, stops it (with error("...cancelled")); `after(a,
-        b)`, when given, is called on the reading thread once each task's bytes are in."""
+        `cancel` (a threading.Event), once set, stops it (with error("...cancelled"))."""
         def read(a, b):
             if cancel is not None and cancel.is_set():
                 raise self.error("the read was cancelled")
-            first = a
             while a < b:
                 n = os.preadv(fd, [view[a:b]], offset + a)
                 if n <= 0:
                     raise self.error(f"the file ended at byte {offset + a} of {self.size} while being read")
                 a += n
-            if after is not None:
-                after(first, b)
         fd = self.f.fileno()
         try:
             if not hasattr(os, "preadv"):  # Windows: one read
                 self.f.seek(offset + a)
                 if self.f.readinto(view[a:b]) != b - a:
                     raise self.error("the file changed size while being read")
-                if after is not None:
-                    after(a, b)
                 return
             run_on_threads([lambda a=a, b=b: read(a, b) for a, b in
                             ((o, min(b, o + step)) for o in range(a, b, step))])

@@ -43,7 +43,7 @@ def test_damaged_weights_are_refused_from_a_path(device, three_chunks, tmp_path,
     man_len = int.from_bytes(data[12:20], "little")
     at = {"header chunk": 28 + man_len + 100, "middle chunk": 28 + man_len + (20 << 20), "last chunk": -32 - 1000}
     damaged[at[where]] ^= 0x10
-    # (each read task checks its own chunks: tasks of one chunk, each on a thread of its own)
+    # (reads of 1 MiB on threads: the chunks are checked once all are in)
     monkeypatch.setattr(package_module, "READ_STEP", 1 << 20)
     path = tmp_path / "p.mnpk"
     path.write_bytes(bytes(damaged))
