@@ -29,6 +29,7 @@ PHASES = [
     ("session", "Session", "_upload"), ("session", "Session", "_forms"), ("session", "Session", "_bind_group"),
     ("session", None, "make_bind_groups"), ("session", None, "assemble"),  # (session.py's own names for them)
     ("training_state", "TrainingState", "_make"),  # (after the load: its buffers, then its groups)
+    ("tiers", None, "make_bind_groups"), ("tiers", None, "assemble"),  # (the training state's and the tuned tier's)
 ]
 
 

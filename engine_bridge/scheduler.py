@@ -123,6 +123,10 @@ class FrameScheduler:
             return True
         if not self.session.training_ready:
             return False
+        if self.session.training_error is not None:  # (e.g. out of memory): inference runs on alone
+            log.warning("training stopped: its state could not be made (%s)", self.session.training_error)
+            self.training = False
+            return False
         if not self._held:
             self._setup_training()
         mask = self.session.package.programs[self.train_program].get("row_mask")
@@ -166,9 +170,13 @@ class FrameScheduler:
         measured. Training runs on whatever its inputs hold; parameters and optimizer state
         are restored afterwards, so training results do not change."""
         s, dev, wgpu = self.session, self.device, self._wgpu
-        passes = self._all_passes()
+        training = self.train_program is not None
+        if training:  # (blocking, as all of warm_up: the training state made; left out if it failed)
+            s.programs  # noqa: B018
+            training = s.training_error is None
+        passes = self._all_passes(training)
         snap = {}
-        if self.train_program is not None:
+        if training:
             for t in s.tensors:
                 if t["role"] in ("param", "state") and t["buffer"] not in snap:
                     b = s.buffers[t["buffer"]]
@@ -213,11 +221,11 @@ class FrameScheduler:
         self._wait_idle()
         return (time.perf_counter() - t0) * 1e3
 
-    def _all_passes(self):
+    def _all_passes(self, training: bool = True):
         s, out = self.session, []
         for i, feed in enumerate(self.before):
             out.append((("before", i), f"input {i}", feed.dispatches, feed.record))
-        for p in filter(None, (self.infer, self.train_program)):
+        for p in filter(None, (self.infer, self.train_program if training else None)):
             for i, a, b in self.chunks[p]:
                 out.append(((p, i), f"{p}[{a}:{b}]", b - a,
                             lambda e, kw, p=p, a=a, b=b: s.record(e, p, a, b, kw)))

@@ -20,10 +20,11 @@ from .errors import DeviceLostError, GPUOutOfMemoryError
 from .inputs import coerce, fits, pad, rows
 from .lifted_sizes import alignment, layout, manifest_values, sizes_buffer, slice_bytes
 from .loading import SWITCH_INTERVAL, LoadingSession, default_threads
-from .package import DTYPES, QUICK, Package, PackageError, as_variant, kernels_of, workgroup_bytes
+from .package import DTYPES, QUICK, Package, PackageError, as_variant, kernels_of
 from .threads import OnThread, in_background
 from .tiers import TunedTier, assemble, longest_first, make_bind_groups
 from .training_state import TRAINING, Buffers, TrainingState, deferred_buffers
+from .workgroup_memory import check_workgroup_memory
 
 # threads writing the weights at load (each write copies into a staging buffer of the driver's).
 # H200, 1 / 4 / 8 threads: SD-1.5 warm 1.74 / 1.33 / 1.21 s but cold 2.57 / 2.60 / 2.68 s (beside
@@ -144,9 +145,13 @@ class Session:
         self._programs = assemble(first, self.kernels, self._groups)
         if later:
             self._training = TrainingState(self, later, first_variant)
-        if self.tier == QUICK:  # the host's frames go on beside it: a background load's threads, or the spare cores
-            self._tuned = TunedTier(self, tuned, default_threads() if _progress is None else _progress.threads,
-                                    BIND_GROUP_THREADS)
+        try:
+            if self.tier == QUICK:  # the host's frames go on beside it: a background load's threads, or the spare cores
+                self._tuned = TunedTier(self, tuned, default_threads() if _progress is None else _progress.threads,
+                                        BIND_GROUP_THREADS)
+        except BaseException:
+            self.close()  # (the training state's thread stopped)
+            raise
         self._staging = {}
         self._batch = (m.get("batch") or {}).get("size")
         self._skip_counter = pkg.tensor(SKIPPED, "state")  # None: compiled without the NaN guard
@@ -210,27 +215,13 @@ class Session:
                                            f"this device allows {most} per dimension")
 
     def _check_workgroup_memory(self, kernels, used):
-        """The kernels this device class runs against its workgroup memory, before any GPU object:
-        wgpu 0.32 does not check it when it makes a pipeline (WebGPU's default limit is 16 KiB;
-        GEMM tiles take 16, fused attention up to 32)."""
-        shared = self.device.limits.get("max-compute-workgroup-storage-size", 16384)
-        for i in sorted(used):
-            label = kernels[i].get("label", "")[:60]
-            need = workgroup_bytes(kernels[i]["wgsl"])
-            if need is None:
-                raise PackageError(f"kernel {i} ({label}) declares workgroup memory of a type the runtime cannot "
-                                   "size, so it cannot check it against the device")
-            if need > shared:
-                raise PackageError(
-                    f"kernel {i} ({label}) uses {need} bytes of workgroup memory; this device allows {shared}. "
-                    "If the adapter allows more, make the device with required_limits="
-                    "{'max-compute-workgroup-storage-size': adapter.limits['max-compute-workgroup-storage-size']}")
+        check_workgroup_memory(kernels, used, self.device.limits.get("max-compute-workgroup-storage-size", 16384))
 
     def _allocate(self, which: list, what: str, cancel=None) -> dict:
         """Buffers `which` (indices into the manifest's sizes), index -> buffer; none once `cancel` is set."""
         wgpu, sizes = self._wgpu, self.package.manifest["buffers"]
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
-        made = {}
+        made, total = {}, 0
         for i in which:
             if cancel is not None and cancel.is_set():
                 return {}
@@ -243,7 +234,8 @@ class Session:
                     f"{what} needs {sum(sizes[j] for j in which) / 2**20:.1f} MiB of GPU memory in {len(which)} "
                     f"buffers; the device could not allocate buffer {i} ({sizes[i] / 2**20:.1f} MiB): "
                     f"{str(exc).strip().splitlines()[-1].strip()}") from None
-            self.allocated_bytes += sizes[i]
+            total += sizes[i]
+        self.allocated_bytes += total  # (all of them, or none)
         return made
 
     @contextmanager
@@ -287,27 +279,29 @@ class Session:
         quick_start Session still compiling its tuned kernels waits for those the driver has
         begun (up to a few tenths of a second on a first launch)."""
         self.closed = True
-        for behind in (self._training, self._tuned):
-            if behind is not None:
-                behind.cancel()
+        for behind in filter(None, (self._training, self._tuned)):
+            behind.cancel()
         self.buffers, self._programs, self.kernels, self._staging, self._layouts = [], {}, {}, {}, {}
         self._groups, self._retired = {}, []
         self._sizes = (None, {})
 
     @property
     def programs(self) -> dict:
-        """Program -> its recorded steps (what record() encodes); the training program's once
-        the training state is made (this waits for it: `training_ready`)."""
+        """Program -> the steps record() encodes; waits for the training state (`training_ready`)."""
         if self._training is not None and not self.closed:
             self._training.join()
         return self._programs
 
     @property
     def training_ready(self) -> bool:
-        """Whether the training state is made (never blocks): a training package's gradients,
-        optimizer moments and kept activations are made on a thread just after the load, and
-        until then the training step (and reading or writing one of those tensors) waits."""
+        """Whether the training state (made on a thread after the load, runtime/training_state.py)
+        is made, or given up (`training_error`); never blocks. Until then train_step waits."""
         return self._training is None or self._training.done
+
+    @property
+    def training_error(self) -> BaseException | None:
+        """What stopped the training state being made (e.g. GPUOutOfMemoryError), once ready."""
+        return self._training.error if self._training is not None and self._training.done else None
 
     def __enter__(self):
         return self

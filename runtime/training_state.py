@@ -46,6 +46,9 @@ class Buffers:
         self._ready.set()
 
     def fail(self, error: BaseException) -> None:
+        """No more of them: those made are let go (released: nothing ran with them yet)."""
+        for i in self._later:
+            self._items[i] = None
         self.error = error
         self._ready.set()
 
@@ -56,7 +59,7 @@ class Buffers:
 
     def __getitem__(self, i):
         b = self._items[i]
-        if b is None and i in self._later:
+        if b is None and i % len(self._items) in self._later:
             self.wait()
             b = self._items[i]
         return b
@@ -83,7 +86,7 @@ class TrainingState:
     def _make(self, later, variant):
         from .tiers import assemble, make_bind_groups
 
-        s = self.session
+        s, made = self.session, {}
         try:
             made = s._allocate(sorted(later), "the training state", self._cancel)
             if self._cancel.is_set():  # (the Session is closing)
@@ -95,6 +98,7 @@ class TrainingState:
             programs = assemble(forms, s.kernels, groups)
         except BaseException as exc:  # noqa: BLE001  (raised where the training step is asked for)
             self.error = exc
+            s.allocated_bytes -= sum(b.size for b in made.values())
             s.buffers.fail(exc)
             return
         s._groups = groups

@@ -73,3 +73,22 @@ def _size_align(ty: str):
     if ty in _SCALAR_BYTES and len(ty) == 3:
         return _SCALAR_BYTES[ty], _SCALAR_BYTES[ty]
     return None
+
+
+def check_workgroup_memory(kernels: list, used, shared: int) -> None:
+    """The kernels `used` (indices) against `shared`, the device's workgroup memory, before any GPU
+    object: wgpu 0.32 does not check it when it makes a pipeline (WebGPU's default limit is 16
+    KiB; GEMM tiles take 16, fused attention up to 32). PackageError names the first too big."""
+    from .package import PackageError  # (package imports this module)
+
+    for i in sorted(used):
+        label = kernels[i].get("label", "")[:60]
+        need = workgroup_bytes(kernels[i]["wgsl"])
+        if need is None:
+            raise PackageError(f"kernel {i} ({label}) declares workgroup memory of a type the runtime cannot "
+                               "size, so it cannot check it against the device")
+        if need > shared:
+            raise PackageError(
+                f"kernel {i} ({label}) uses {need} bytes of workgroup memory; this device allows {shared}. "
+                "If the adapter allows more, make the device with required_limits="
+                "{'max-compute-workgroup-storage-size': adapter.limits['max-compute-workgroup-storage-size']}")

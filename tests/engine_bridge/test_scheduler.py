@@ -321,3 +321,28 @@ def test_training_waits_for_frames_in_which_the_training_state_exists(device, se
     while sched.train_active and sched.frame < 400:
         frame(sched)
     assert sched.steps_done == 1
+
+
+def test_a_training_state_that_cannot_be_made_stops_training_not_the_frames(device, seg_package, monkeypatch):
+    from meganeura.runtime import GPUOutOfMemoryError
+
+    real = Session._allocate
+
+    def failing(self, which, what, cancel=None):
+        if what == "the training state":
+            raise GPUOutOfMemoryError("the training state needs more than this test allows")
+        return real(self, which, what, cancel)
+    monkeypatch.setattr(Session, "_allocate", failing)
+    session = Session(device, seg_package)
+    sched = FrameScheduler(session, BUDGET_MS)
+    rb = sched.readback("logits")
+    sched.train(batches(2))
+    sched.warm_up()  # (inference alone)
+    got = None
+    while got is None and sched.frame < 100:
+        stats = frame(sched)
+        assert stats["train_chunks"] == 0
+        got = rb.poll()
+    assert got is not None and np.isfinite(got[1]).all()
+    assert not sched.train_active and sched.steps_started == 0
+    assert isinstance(session.training_error, GPUOutOfMemoryError)

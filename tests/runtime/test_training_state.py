@@ -2,6 +2,7 @@
 made after the load on a thread (runtime/training_state.py): inference runs before it exists,
 whatever needs it waits for it, and a Session closing stops it."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -91,10 +92,14 @@ def test_inference_runs_while_the_training_state_is_made_and_training_waits_for_
 def test_a_session_closed_while_its_training_state_is_made_stops_it(device, package, gate):
     s = Session(device, package)
     assert not s.training_ready
+    at_load = s.allocated_bytes
     closing = threading.Thread(target=s.close, daemon=True)
     closing.start()
+    while not s._training._cancel.is_set():  # (cancelled before it makes anything)
+        time.sleep(0.001)
     gate.set()
     closing.join(60)
     assert not closing.is_alive() and s.training_ready
+    assert "closed" in str(s.training_error) and s.allocated_bytes == at_load
     with pytest.raises(RuntimeError, match="closed"):
         s.run("train_step", _batch(0))
