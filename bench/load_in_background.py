@@ -118,10 +118,14 @@ def main(argv=None):
                 time.sleep(max(0.0, period - w))
             session = pending.result()
         load_s = time.perf_counter() - t0
-        tier, later = session.tier, []  # the frames while the tuned kernels compile behind the quick tier
-        while session.tier != "tuned" and time.perf_counter() - t0 < 60:
+        tier, later = session.tier, []  # the frames while the training state is made and the tuned kernels compile
+        after = []
+        while (session.tier != "tuned" or not session.training_ready) and time.perf_counter() - t0 < 60:
+            start, training = time.perf_counter() - t0, session.training_ready
             w = frame()
             later.append(w)
+            after.append((round(start * 1e3, 1), round(w * 1e3, 2), training)
+                         + ((tuple(round(1e3 * phases.get(k, 0.0), 2) for k in PHASES),) if phases is not None else ()))
             time.sleep(max(0.0, period - w))
         session.wait_tuned()
         tuned_s = time.perf_counter() - t0
@@ -136,8 +140,10 @@ def main(argv=None):
                "frame_ms_max_until_tuned": float(max(later, default=0.0) * 1e3),
                "frame_ms_p50_until_tuned": float(np.median(later) * 1e3) if later else None,
                "frames": frames,  # (ms since the load began, the frame's ms, progress after it[, ms per PHASES])
+               # after the load: (ms since it began, the frame's ms, training state made before it[, ms per PHASES])
+               "frames_after": after,
                **({"phases": PHASES} if phases is not None else {})}
-        print(json.dumps({k: v for k, v in row.items() if k != "frames"}), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("frames", "frames_after")}), flush=True)
         rows.append(row)
         session.close()
     out = Path(args.out)
