@@ -53,7 +53,7 @@ def _workloads():
 
 def add_session_flags(ap) -> None:
     """The Session's load settings a load benchmark may change (apply_session_flags sets them)."""
-    ap.add_argument("--upload-threads", type=int, default=None, help="session.UPLOAD_THREADS (default: as set)")
+    ap.add_argument("--upload-threads", type=int, default=None, help="session.UPLOAD_THREADS (default: as set; doubled for a package of BIG_UPLOAD bytes or more)")
     ap.add_argument("--bind-group-threads", type=int, default=None, help="session.BIND_GROUP_THREADS (default: as set)")
 
 

@@ -26,10 +26,9 @@ from .tiers import TunedTier, assemble, longest_first, make_bind_groups
 from .training_state import TRAINING, Buffers, TrainingState, deferred_buffers
 from .workgroup_memory import check_workgroup_memory
 
-# threads writing the weights at load (each write copies into a staging buffer of the driver's).
-# H200, 1 / 4 / 8 threads: SD-1.5 warm 1.74 / 1.33 / 1.21 s but cold 2.57 / 2.60 / 2.68 s (beside
-# the pipeline compiles), SmolLM2 cold 0.52 / 0.42 / 0.46 s, ResNet-50 cold 1.23 / 1.13 / 1.19 s
-UPLOAD_THREADS = 4
+# threads writing the weights at load, twice as many from BIG_UPLOAD bytes. H200, first launch, 4 / 8
+# threads: SD-1.5 (3.3 GB) 1.10-1.18 / 0.90-0.98 s (warm 0.56-0.58 / 0.41-0.43), ResNet-50 (0.1 GB) 0.19-0.20 / 0.23
+UPLOAD_THREADS, BIG_UPLOAD = 4, 1 << 30
 # bind groups are made on one thread beside the pipelines' (their making is Python, bound by the
 # GIL: more threads only queue for it, and a game's frame queues behind them; H200, ResNet-50's
 # background load: worst frame 48-50 -> 22-24 ms, blocking loads no slower)
@@ -361,10 +360,12 @@ class Session:
         return pipeline, bgl
 
     def _upload(self, tensors, weights):
-        """Write `tensors`' weights, the largest first, on UPLOAD_THREADS threads: each write
-        copies into a fresh staging buffer of the driver's, and one thread copying did ~3 GB/s."""
+        """Write `tensors`' weights, the largest first, on UPLOAD_THREADS threads (twice that from
+        BIG_UPLOAD bytes): each write copies into a fresh staging buffer of the driver's."""
         order = sorted(tensors, key=lambda t: -weights[t["name"]].nbytes)
-        _in_background({i: (self._write_counted, t, weights[t["name"]]) for i, t in enumerate(order)}, UPLOAD_THREADS)()
+        big = sum(weights[t["name"]].nbytes for t in order) >= BIG_UPLOAD
+        _in_background({i: (self._write_counted, t, weights[t["name"]]) for i, t in enumerate(order)},
+                       UPLOAD_THREADS * (2 if big else 1))()
 
     def _write_counted(self, t, value):
         self._write(t, value)
