@@ -53,7 +53,7 @@ def _workloads():
 
 def add_session_flags(ap) -> None:
     """The Session's load settings a load benchmark may change (apply_session_flags sets them)."""
-    ap.add_argument("--upload-threads", type=int, default=None, help="session.UPLOAD_THREADS (default: as set; doubled for a package of BIG_UPLOAD bytes or more)")
+    ap.add_argument("--upload-threads", type=int, default=None, help="threads writing the weights, whatever their size (default: session.UPLOAD_THREADS, doubled from BIG_UPLOAD bytes)")
     ap.add_argument("--bind-group-threads", type=int, default=None, help="session.BIND_GROUP_THREADS (default: as set)")
 
 
@@ -61,7 +61,7 @@ def apply_session_flags(args) -> None:
     from meganeura.runtime import session as session_module
 
     if args.upload_threads is not None:
-        session_module.UPLOAD_THREADS = args.upload_threads
+        session_module.UPLOAD_THREADS, session_module.BIG_UPLOAD = args.upload_threads, float("inf")
     if args.bind_group_threads is not None:
         session_module.BIND_GROUP_THREADS = args.bind_group_threads
 
@@ -154,7 +154,7 @@ def main(argv=None):
                 kernels = len(s.kernels)
                 per_kernel = sorted(acc.get("_pipeline", []))
                 row = {"workload": name, "lift_sizes": lift_sizes.ENABLED, "threads": threads, "plan": args.plan, "from_path": args.from_path and attempt == "first", "checks": not args.unchecked, "device_class": s.device_class,
-                       "upload_threads": session_module.UPLOAD_THREADS, "bind_group_threads": session_module.BIND_GROUP_THREADS,
+                       "upload_threads": s.upload_threads, "bind_group_threads": session_module.BIND_GROUP_THREADS,
                        "attempt": attempt, "tier": tier, "quick_divisors": lift_sizes.QUICK_DIVISORS, "first_tier_kernels": first_kernels, "tuned_s": tuned,
                        "timeline": timeline,
                        "package_mb": pkg.raw_size / 2**20, "kernels": kernels,

@@ -121,6 +121,7 @@ def _load_settings() -> dict:
 
     cache = os.environ.get("__GL_SHADER_DISK_CACHE_PATH")
     return {"load_threads": session.LOAD_THREADS, "upload_threads": session.UPLOAD_THREADS,
+            "upload_threads_from_bytes": [2 * session.UPLOAD_THREADS, session.BIG_UPLOAD],
             "shader_cache_empty_at_start": bool(cache) and os.path.isdir(cache) and not os.listdir(cache)}
 
 
@@ -180,6 +181,7 @@ def run_one(name, spec, args, device, tdev):
         # a first launch: the file read and checked while the driver compiles every pipeline
         first = Session(device, path, **SESSION_OPTIONS, quick_start=args.quick_start)
         row["load_s"] = time.perf_counter() - t
+        row["upload_threads"] = first.upload_threads
         if args.quick_start:  # how the quick tier runs, while the tuned kernels compile behind it
             row["load_tier"] = first.tier
             row["quick_runs"] = _quick_runs(first, case)

@@ -47,9 +47,9 @@ class Buffers:
 
     def fail(self, error: BaseException) -> None:
         """No more of them: those made are let go (released: nothing ran with them yet)."""
+        self.error = error  # (first: a reader finding None below then raises it)
         for i in self._later:
             self._items[i] = None
-        self.error = error
         self._ready.set()
 
     def wait(self) -> None:

@@ -198,8 +198,13 @@ def test_a_gigabyte_of_weights_is_written_on_twice_the_threads(device, monkeypat
     monkeypatch.setattr(session_module, "_in_background", spy)
     package = Package.from_bytes(_mlp(9))
     x = np.ones((4, 16), np.float32)
-    small = Session(device, package).run("infer", {"x": x})["y"]
+    with Session(device, package) as s:
+        small, small_threads = s.run("infer", {"x": x})["y"], s.upload_threads
     monkeypatch.setattr(session_module, "BIG_UPLOAD", 1)  # (every package a big one)
-    big = Session(device, package).run("infer", {"x": x})["y"]
-    assert seen == [session_module.UPLOAD_THREADS, 2 * session_module.UPLOAD_THREADS]
+    with Session(device, package) as s:
+        big, big_threads = s.run("infer", {"x": x})["y"], s.upload_threads
+    assert seen == [small_threads, big_threads] == [session_module.UPLOAD_THREADS, 2 * session_module.UPLOAD_THREADS]
     np.testing.assert_array_equal(big, small)
+    background = Session.load_in_background(device, package, threads=2).result(timeout=120)
+    assert background.upload_threads == session_module.UPLOAD_THREADS  # (the host's frames first)
+    background.close()

@@ -95,7 +95,9 @@ def test_a_session_closed_while_its_training_state_is_made_stops_it(device, pack
     at_load = s.allocated_bytes
     closing = threading.Thread(target=s.close, daemon=True)
     closing.start()
+    end = time.monotonic() + 60
     while not s._training._cancel.is_set():  # (cancelled before it makes anything)
+        assert time.monotonic() < end and closing.is_alive()
         time.sleep(0.001)
     gate.set()
     closing.join(60)
