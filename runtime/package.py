@@ -210,8 +210,13 @@ class Package:
 
     def summary(self) -> str:
         m = self.manifest
+        from .training_state import deferred_buffers
+
+        later = sum(m["buffers"][i] for i in deferred_buffers(m))
         lines = [f"meganeura package, format {m['format_version']}, compiler {m['compiler_version']}",
-                 f"  {self.raw_size} bytes; buffers {m['memory']['buffer_bytes']} bytes on the GPU"]
+                 f"  {self.raw_size} bytes; buffers {m['memory']['buffer_bytes']} bytes on the GPU"
+                 + (f" ({m['memory']['buffer_bytes'] - later} at load, the training state's {later} just after)"
+                    if later else "")]
         params = [t for t in m["tensors"] if t["role"] == "param"]
         count = sum(int(np.prod(t["shape"], dtype=np.int64)) for t in params)
         lines.append(f"  parameters: {len(params)} tensors, {count} values")

@@ -14,7 +14,8 @@ import digits  # noqa: E402
 
 from meganeura.compiler import TrainConfig, compile_model  # noqa: E402
 from meganeura.compiler.onnx_import import load_onnx  # noqa: E402
-from meganeura.runtime import Session  # noqa: E402
+from meganeura.runtime import Package, Session  # noqa: E402
+from meganeura.runtime.training_state import deferred_buffers  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +98,10 @@ def test_cli_info_and_errors(built, tmp_path, capsys):
     assert main(["info", str(out / "mlp.mnpk")]) == 0
     text = capsys.readouterr().out
     assert "program train_step" in text and "0.weight: f32[128, 64]" in text and "adamw" in text
+    m = Package.load(out / "mlp.mnpk").manifest
+    later = sum(m["buffers"][i] for i in deferred_buffers(m))
+    assert 0 < later < m["memory"]["buffer_bytes"]
+    assert f"({m['memory']['buffer_bytes'] - later} at load, the training state's {later} just after)" in text
     (tmp_path / "bad.mnpk").write_bytes(b"nonsense")
     assert main(["info", str(tmp_path / "bad.mnpk")]) == 1
     assert "not a meganeura package" in capsys.readouterr().err
