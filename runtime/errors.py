@@ -1,4 +1,8 @@
-"""Errors a host can catch and act on, besides PackageError (a bad package file)."""
+"""Errors a host can catch and act on."""
+
+
+class PackageError(ValueError):
+    """The package file is damaged, from an incompatible compiler, or inconsistent."""
 
 
 class DeviceLostError(RuntimeError):

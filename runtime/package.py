@@ -23,7 +23,9 @@ from contextlib import contextmanager
 import msgpack
 import numpy as np
 
+from .errors import PackageError  # noqa: F401  (importers take it from here too)
 from .threads import FileReader, OnThread, run_on_threads
+from .training_state import deferred_buffers
 from .workgroup_memory import workgroup_bytes  # noqa: F401  (the Session and tests import it from here)
 
 MAGIC = b"MNPK\r\n\x1a\n"
@@ -53,10 +55,6 @@ def as_variant(d: dict, variant: str) -> dict:
 def kernels_of(manifest: dict, variant: str) -> set:
     """The kernels a device running `variant` makes pipelines of."""
     return {as_variant(d, variant)["kernel"] for p in manifest["programs"].values() for d in p["dispatches"]}
-
-
-class PackageError(ValueError):
-    """The package file is damaged, from an incompatible compiler, or inconsistent."""
 
 
 def _fail(msg):
@@ -210,8 +208,6 @@ class Package:
 
     def summary(self) -> str:
         m = self.manifest
-        from .training_state import deferred_buffers
-
         later = sum(m["buffers"][i] for i in deferred_buffers(m))
         lines = [f"meganeura package, format {m['format_version']}, compiler {m['compiler_version']}",
                  f"  {self.raw_size} bytes; buffers {m['memory']['buffer_bytes']} bytes on the GPU"

@@ -26,9 +26,8 @@ from .tiers import TunedTier, assemble, longest_first, make_bind_groups
 from .training_state import TRAINING, Buffers, TrainingState, deferred_buffers
 from .workgroup_memory import check_workgroup_memory
 
-# threads writing the weights at load, twice as many from BIG_UPLOAD bytes (not in a background load:
-# the host's frames first). H200, first launch, 4 / 8 threads: SD-1.5 (3.3 GB) 1.10-1.18 / 0.90-0.98 s
-# (warm 0.56-0.58 / 0.41-0.43), ResNet-50 (0.1 GB) 0.19-0.20 / 0.23
+# threads writing the weights, twice as many from BIG_UPLOAD bytes but in a background load (its host's frames
+# first). H200, 4 / 8 threads: SD-1.5 (3.3 GB) 1.10-1.18 / 0.90-0.98 s, ResNet-50 (0.1 GB) 0.19-0.20 / 0.23
 UPLOAD_THREADS, BIG_UPLOAD = 4, 1 << 30
 # bind groups are made on one thread beside the pipelines' (their making is Python, bound by the
 # GIL: more threads only queue for it, and a game's frame queues behind them; H200, ResNet-50's
@@ -99,7 +98,8 @@ class Session:
                 QUICK in d.get("variants", {}) for p in m["programs"].values() for d in p["dispatches"]):
             first_variant, self.tier = QUICK, QUICK  # (CPU rasterisers run their own variants)
             used = kernels_of(m, QUICK)
-        self._check_workgroup_memory(m["kernels"], used | tuned)
+        check_workgroup_memory(m["kernels"], used | tuned,
+                               self.device.limits.get("max-compute-workgroup-storage-size", 16384))
         later = deferred_buffers(m)  # the training state: made after the load (runtime/training_state.py)
         first_programs = [name for name in m["programs"] if name != TRAINING] if later else None
         # the driver compiles pipelines, and bind groups are made, on threads while this one
@@ -143,8 +143,7 @@ class Session:
             raise
         first, self._groups = groups.wait()
         self._programs = assemble(first, self.kernels, self._groups)
-        if later:
-            self._training = TrainingState(self, later, first_variant)
+        self._training = TrainingState(self, later, first_variant) if later else None
         try:
             if self.tier == QUICK:  # the host's frames go on beside it: a background load's threads, or the spare cores
                 self._tuned = TunedTier(self, tuned, default_threads() if _progress is None else _progress.threads,
@@ -213,9 +212,6 @@ class Session:
                     if max(v["workgroups"]) > most:
                         raise PackageError(f"program {name} dispatch {j}: {v['workgroups']} workgroups; "
                                            f"this device allows {most} per dimension")
-
-    def _check_workgroup_memory(self, kernels, used):
-        check_workgroup_memory(kernels, used, self.device.limits.get("max-compute-workgroup-storage-size", 16384))
 
     def _allocate(self, which: list, what: str, cancel=None) -> dict:
         """Buffers `which` (indices into the manifest's sizes), index -> buffer; none once `cancel` is set."""
@@ -294,8 +290,7 @@ class Session:
 
     @property
     def training_ready(self) -> bool:
-        """Whether the training state (made on a thread after the load, runtime/training_state.py)
-        is made, or given up (`training_error`); never blocks. Until then train_step waits."""
+        """Whether the training state (runtime/training_state.py) is made or given up; never blocks."""
         return self._training is None or self._training.done
 
     @property
@@ -402,10 +397,8 @@ class Session:
                     dispatch(x, y, z)
             cpass.end()  # through wgpu-py: errors recorded in the pass raise here
 
-    def dispatch_count(self, program: str) -> int:  # (never waits for the training state)
-        if self.closed or program not in self.package.programs:
-            self._steps(program)  # (raises)
-        return len(self.package.programs[program]["dispatches"])
+    def dispatch_count(self, program: str) -> int:  # (from the manifest: never waits for the training state)
+        return len(self._program(program)["dispatches"])
 
     def wait_tuned(self, timeout: float | None = None) -> None:
         """Wait (up to `timeout` seconds: TimeoutError) until the tuned kernels run, where a
@@ -414,15 +407,20 @@ class Session:
         if self._tuned is not None:
             self._tuned.wait(timeout)
 
-    def _steps(self, program):
+    def _program(self, program) -> dict:
+        """The manifest's `program`; RuntimeError once closed, KeyError naming those it has."""
         if self.closed:
             raise RuntimeError("this session was closed")
-        steps = self._programs.get(program)
-        if steps is None:
-            if program == TRAINING and self._training is not None:
-                self._training.wait()  # (or raises what stopped it, e.g. GPUOutOfMemoryError)
-                return self._programs[program]
+        if program not in self.package.programs:
             raise KeyError(f"no program {program!r} in this package; it has {sorted(self.package.programs)}")
+        return self.package.programs[program]
+
+    def _steps(self, program):
+        steps = self._programs.get(program)
+        if steps is None or self.closed:
+            self._program(program)  # (closed, or no such program)
+            self._training.wait()  # (train_step: or raises what stopped it, e.g. GPUOutOfMemoryError)
+            return self._programs[program]
         return steps
 
     def write_inputs(self, program: str, inputs: dict, rows: int | None = None, check_finite: bool = True):
@@ -455,9 +453,7 @@ class Session:
         of the loss); a larger one is split into several runs of `infer`. A training step
         whose loss or gradients are not finite changes nothing (see `skipped_steps`).
         """
-        p = self.package.programs.get(program)
-        if p is None:
-            raise KeyError(f"no program {program!r} in this package; it has {sorted(self.package.programs)}")
+        p = self._program(program)
         n = rows(inputs)
         if self._batch is None or n is None or n == self._batch:
             self.write_inputs(program, inputs, check_finite=check_finite)

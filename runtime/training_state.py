@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 
 from .threads import OnThread, again
+from .tiers import assemble, make_bind_groups
 
 TRAINING = "train_step"
 
@@ -84,8 +85,6 @@ class TrainingState:
         self._thread = OnThread(lambda: self._make(later, variant), name="meganeura-training")
 
     def _make(self, later, variant):
-        from .tiers import assemble, make_bind_groups
-
         s, made = self.session, {}
         try:
             made = s._allocate(sorted(later), "the training state", self._cancel)

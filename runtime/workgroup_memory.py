@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from .errors import PackageError
+
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _ADDRESS_SPACE = re.compile(r"workgroup(?!\w)")  # (a literal first: a fast scan of long kernels)
 _DECLARED = re.compile(r"\s*>\s*\w+\s*:\s*([^;]*);")  # after `var<workgroup`: the variable and its type
@@ -79,8 +81,6 @@ def check_workgroup_memory(kernels: list, used, shared: int) -> None:
     """The kernels `used` (indices) against `shared`, the device's workgroup memory, before any GPU
     object: wgpu 0.32 does not check it when it makes a pipeline (WebGPU's default limit is 16
     KiB; GEMM tiles take 16, fused attention up to 32). PackageError names the first too big."""
-    from .package import PackageError  # (package imports this module)
-
     for i in sorted(used):
         label = kernels[i].get("label", "")[:60]
         need = workgroup_bytes(kernels[i]["wgsl"])
