@@ -3,7 +3,9 @@ backward (kernels/attention_dq.wgsl, kernels/attention_dkv.wgsl), reading q, k, 
 strides so that head transposes need no copies."""
 from __future__ import annotations
 
+from ..runtime.package import QUICK
 from .codegen import WG, KernelCode, _Bindings, _strides, _temp_ids, as_vec4, grid, per_output, tile_type
+from .lift_sizes import LOOPED
 from .schedule import Kernel, Schedule, base_of
 from .wgsl import render
 
@@ -41,6 +43,10 @@ ATTENTION_PLAN = {"min_split_keys": 32, "fill": 512, "min_keys": 64,
 # keys up to 128-wide heads, fewer keys past that (SD-1.5's 160-wide heads: 25), so that devices
 # allowing 32 KiB (lavapipe, Apple) run every model; 48 KiB devices would take 38
 SHARED_BUDGET = 32768
+# the quick tier's forward kernel keeps the head dimension in loops from this many vec4s (64-wide
+# heads): written out, SD-1.5's 160-wide heads (40 vec4 accumulators a thread) took the driver
+# 0.38 s to compile, its 80-wide 0.13 s, the longest of its first tier's 113 kernels
+QUICK_LOOPS_FROM = 17
 
 
 def attention(sched: Schedule, k: Kernel) -> KernelCode:
@@ -137,6 +143,10 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
     groups = (-(-s // 64), b * h, split)
     code = KernelCode(wgsl, (64, 1, 1), slots, groups, "attention")
     code.variants = {"cpu": (render("attention", **common, **body(False)), (64, 1, 1), groups)}
+    if dv4 >= QUICK_LOOPS_FROM:  # the quick tier: the head dimension in loops (see QUICK_LOOPS_FROM)
+        looped = {**common, **body(True), **_looped_head(dv4, split, r_out is not None, r_lse is not None,
+                                                          row_of if split == 1 else None, width, b * h, two)}
+        code.variants[QUICK] = (render("attention", **looped), (64, 1, 1), groups)
     if split == 1:
         return code
     code.temps = {temp: split * b * h * s * width * 4}
@@ -161,6 +171,37 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
     merged = KernelCode(per_output(mdecls, rows * d, merge), (WG, 1, 1),
                         [(temp, "read")] + bind.list()[3:], grid(-(-rows * d // WG)), "attention/merge")
     return [code, merged]
+
+
+def _looped_head(dv4: int, split: int, out: bool, lse: bool, row_of: str | None, width: int, heads: int,
+                 two: bool) -> dict:
+    """The forward kernel's head-dimension code as loops over a private array of vec4s instead of
+    DV4 written-out vec4 variables: much less for the driver to compile, and slower to run
+    (the array lives in memory), so only the quick tier has it (see QUICK_LOOPS_FROM)."""
+    at = (lambda name: f"{name}[jj][c]") if two else (lambda name: f"{name}[jj * {dv4}u + c]")
+    each = "for (var c = 0u; c < DV4; c = c + 1u)"
+    parts = {
+        "Q_LOAD": f"    {LOOPED}\n    var qv: array<vec4<f32>, {dv4}>;\n    {each} {{\n        let o = q_base + 4u * c;\n"
+                  "        qv[c] = vec4<f32>(q[o], q[o + 1u], q[o + 2u], q[o + 3u]);\n    }",
+        "ACC_DECL": f"    var acc: array<vec4<f32>, {dv4}>;",
+        "SCORE": f"            var qk = 0.0;\n            {each} {{ qk = qk + dot(qv[c], {at('k_tile')}); }}\n"
+                 "            let s = qk * SCALE;",
+        "ACC_UPDATE": f"                {each} {{ acc[c] = acc[c] * corr + p * {at('v_tile')}; }}"}
+    if split == 1:
+        store = ["        let inv = 1.0 / l;", f"        let o = {row_of} * DV4 * 4u;"]
+        if out:
+            store.append(f"        {each} {{\n            let a = acc[c] * inv;\n"
+                         "            out[o + 4u * c] = a.x; out[o + 4u * c + 1u] = a.y; "
+                         "out[o + 4u * c + 2u] = a.z; out[o + 4u * c + 3u] = a.w;\n        }")
+        if lse:
+            store.append("        lse[bh * S + row] = m + log(l);")
+    else:
+        store = [f"        let o = ((split * {heads}u + bh) * S + row) * {width}u;", "        part[o] = m;",
+                 "        part[o + 1u] = l;",
+                 f"        {each} {{\n            let a = acc[c];\n"
+                 "            part[o + 2u + 4u * c] = a.x; part[o + 3u + 4u * c] = a.y; "
+                 "part[o + 4u + 4u * c] = a.z; part[o + 5u + 4u * c] = a.w;\n        }"]
+    return {**parts, "STORE": "\n".join(store)}
 
 
 def _loader(fn: str, buf: str, vec4: bool = False) -> str:

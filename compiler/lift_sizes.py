@@ -27,6 +27,9 @@ from ..runtime.package import MAX_LIFTED, QUICK, as_variant
 
 ENABLED = True  # bench/run.py --no-lift-sizes
 FIXED = "// Sizes stay written in (compiler/lift_sizes.py)"  # a template's mark (igemm_common, attention*)
+# a quick-tier kernel's mark: its private arrays are indexed at run time anyway (slower to run,
+# faster to compile: codegen_attention's looped heads), so the quick tier lifts it all the same
+LOOPED = "// Private arrays indexed in loops on purpose (compiler/lift_sizes.py)"
 NAME = "mn_sizes"
 QUICK_DIVISORS = True  # the quick tier lifts divisors too (bench: --quick-keep-divisors)
 
@@ -92,7 +95,7 @@ def skeleton(code: str, quick: bool = False):
     if NAME in code or (FIXED in code and not quick):  # (NAME: lifted already)
         return None
     text = _COMMENT.sub("", code)
-    if _PRIVATE_ARRAY.search(text):
+    if _PRIVATE_ARRAY.search(text) and not (quick and LOOPED in code):
         return None
     if quick:
         text = _inline_constants(text)

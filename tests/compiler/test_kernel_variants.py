@@ -381,6 +381,31 @@ def test_wide_heads_stage_fewer_keys(d, device):
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
 
 
+@pytest.mark.parametrize("d, keys, causal", [(160, 60, False), (80, 700, True), (68, 75, True)])
+def test_quick_attention_loops_over_wide_heads(d, keys, causal, device):
+    """From QUICK_LOOPS_FROM vec4s a head, the quick tier's forward kernel keeps the head
+    dimension in loops (cheap to compile): against torch, keys in several tiles, split keys
+    (700) merged after, a causal mask, and a width that is not a multiple of 16 (68)."""
+    import torch
+    from meganeura.compiler.codegen_attention import QUICK_LOOPS_FROM
+
+    assert d // 4 >= QUICK_LOOPS_FROM
+    rng = np.random.default_rng(d)
+    shapes = {"q": (1, 2, 40, d), "k": (1, 2, keys, d), "v": (1, 2, keys, d)}
+    b = Builder()
+    ins = {n: b.input(n, s) for n, s in shapes.items()}
+    b.output("o", b.attention(ins["q"], ins["k"], ins["v"], causal=causal))
+    pkg = Package.from_bytes(compile_model(b.build()))
+    quick = [k["wgsl"] for k in pkg.manifest["kernels"] if k["label"].startswith("attention (quick")]
+    assert len(quick) == 1 and "var acc: array<vec4<f32>" in quick[0], [k["label"] for k in pkg.manifest["kernels"]]
+    vals = {n: rng.standard_normal(s) for n, s in shapes.items()}
+    got = _session(device, pkg, "quick").run("infer", vals)["o"]
+    mask = torch.ones(40, keys, dtype=torch.bool).tril(diagonal=keys - 40) if causal else None
+    ref = torch.nn.functional.scaled_dot_product_attention(*(torch.tensor(vals[n]) for n in "qkv"),
+                                                           attn_mask=mask).numpy()
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("device_class", ["cpu", "gpu", "quick"])
 def test_fused_attention_with_split_keys(causal, device_class, device):
