@@ -23,6 +23,7 @@ from pathlib import Path
 # (module, owner, name): the loading steps timed in the child
 PHASES = [
     ("package", "Package", "_open"), ("package", None, "_head"), ("package", None, "validate_manifest"),
+    ("package", None, "_mapped"),
     ("package", None, "_check_blob"), ("package", None, "_weights_layout"), ("threads", "FileReader", "into"),
     ("session", "Session", "_check_device"), ("session", None, "check_workgroup_memory"),
     ("session", "Session", "_layout"), ("session", "Session", "_pipeline"), ("session", "Session", "_allocate"),
@@ -57,6 +58,8 @@ def child(path: str, quick_start: bool, switch_interval: float | None) -> dict:
         except ImportError:  # (an older runtime, measured against this one)
             continue
         target = getattr(mod, owner) if owner else mod
+        if name not in target.__dict__:  # (a step an older runtime does not have)
+            continue
         raw = target.__dict__[name]
         originals.append((target, name, raw))
         is_cm = isinstance(raw, classmethod)

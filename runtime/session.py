@@ -126,8 +126,8 @@ class Session:
             self._sizes = sizes_buffer(self.device, self._sizes_layout)
             self.allocated_bytes += self._sizes_layout[0]
             allocated.set()
-            with self._gpu("uploading the weights"):
-                self._upload(uploads, pkg.weights)
+            with self._gpu("uploading the weights"):  # (a mapped file's checked beside it: nothing runs before that passes)
+                pkg._while_checked(lambda weights: self._upload(uploads, weights))
         except BaseException:
             stop.set()  # no thread outlives the constructor; the upload's error is the one to see
             allocated.set()  # (a failed allocation: the bind thread, stopped, makes no group)

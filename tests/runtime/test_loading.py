@@ -77,8 +77,11 @@ def test_a_background_load_hands_over_its_error(device, tmp_path, monkeypatch):
         Session.load_in_background(device, path, shader_check=False)
 
 
-def test_a_session_that_fails_stops_reading_its_file(device, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mapped", [True, False])
+def test_a_session_that_fails_stops_reading_its_file(mapped, device, tmp_path, monkeypatch):
+    """Mapped (its checksums checked on threads) or read (where a file cannot be mapped)."""
     import time
+    import zlib
 
     from meganeura.runtime import package as package_module
     from meganeura.runtime import threads as threads_module
@@ -89,8 +92,11 @@ def test_a_session_that_fails_stops_reading_its_file(device, tmp_path, monkeypat
     path = tmp_path / "p.mnpk"
     path.write_bytes(_mlp(5, width=512))
     monkeypatch.setattr(package_module, "READ_STEP", 512)
-    real = threads_module.os.preadv
+    real, crc = threads_module.os.preadv, zlib.crc32
     monkeypatch.setattr(threads_module.os, "preadv", lambda *a: time.sleep(0.01) or real(*a))  # a slow disk
+    monkeypatch.setattr(package_module.zlib, "crc32", lambda *a: time.sleep(0.01) or crc(*a))  # slow checks
+    if not mapped:
+        monkeypatch.setattr(package_module, "_mapped", lambda *a: None)
     for bad in ({"memory_limit": 1024}, {"device_class": "tpu"}):
         with pytest.raises((ValueError, MemoryError)):
             Session(device, path, **bad)

@@ -1,5 +1,6 @@
-"""A Session made from a path reads the weights while the pipelines compile (Package._open):
-the same package as Package.load's, and damage anywhere still refused before any upload."""
+"""A Session made from a path maps the file and checks the weights while the pipelines compile
+and the weights upload (Package._open): the same package as Package.load's, damage anywhere
+still refused before the Session exists, and checked again by each Session that uploads them."""
 import numpy as np
 import pytest
 from meganeura.compiler import Builder, compile_model
@@ -43,11 +44,10 @@ def test_damaged_weights_are_refused_from_a_path(device, three_chunks, tmp_path,
     man_len = int.from_bytes(data[12:20], "little")
     at = {"header chunk": 28 + man_len + 100, "middle chunk": 28 + man_len + (20 << 20), "last chunk": -32 - 1000}
     damaged[at[where]] ^= 0x10
-    # (reads of 1 MiB on threads: the chunks are checked once all are in)
-    monkeypatch.setattr(package_module, "READ_STEP", 1 << 20)
+    monkeypatch.setattr(package_module, "READ_STEP", 1 << 20)  # (Package.load's reads: 1 MiB on threads)
     path = tmp_path / "p.mnpk"
     path.write_bytes(bytes(damaged))
-    # read on a thread (the header chunk first): the Session waits for it before its first upload
+    # checked on threads (the header chunk first): the Session is not returned before they pass
     span = {"header chunk": "0-16777216", "middle chunk": "16777216-33554432", "last chunk": r"33554432-\d+"}[where]
     with pytest.raises(PackageError, match=rf"damaged weights: bytes {span} of the weights blob"):
         Session(device, path)
@@ -112,3 +112,52 @@ def test_a_file_and_its_bytes_are_judged_alike(tmp_path, monkeypatch):
         outcomes.add(results[0] is None)
     assert outcomes == {True}  # (every flip in the blob is caught, by its layout or its checksums)
 
+
+
+def test_a_mapped_file_replaced_or_written_into(device, three_chunks, tmp_path):
+    """A Session's package maps its file: a file replaced by a rename (as `meganeura compile`
+    writes one) leaves it the bytes it loaded, and its rebuild uploads them again; a file
+    written into in place fails the checks that each new Session makes, by name."""
+    data, w = three_chunks
+    path = tmp_path / "p.mnpk"
+    path.write_bytes(data)
+    s = Session(device, path)
+    assert s.package._check() is not None  # (mapped, not read: a package in memory has no check to make)
+    x = np.ones((2, 3000), np.float32)
+    want = s.run("infer", {"x": x})["y"]
+    (tmp_path / "new.mnpk").write_bytes(data[:-40] + bytes(8) + data[-32:])  # (another package's bytes)
+    (tmp_path / "new.mnpk").replace(path)
+    np.testing.assert_array_equal(s.rebuild(device).run("infer", {"x": x})["y"], want)
+    np.testing.assert_array_equal(s.package.weights["w"], w)
+    path.write_bytes(data)
+    mapped = Session(device, path)
+    with open(path, "r+b") as f:  # one weight's byte changed under the mapping
+        f.seek(28 + int.from_bytes(data[12:20], "little") + (20 << 20))
+        f.write(b"\x7f")
+    with pytest.raises(PackageError, match="damaged weights: bytes 16777216-33554432"):
+        mapped.rebuild(device)
+    with pytest.raises(PackageError, match="damaged weights"):
+        Package.load(path)
+
+
+def test_a_file_that_cannot_be_mapped_is_read(device, three_chunks, tmp_path, monkeypatch):
+    data, w = three_chunks
+    path = tmp_path / "p.mnpk"
+    path.write_bytes(data)
+
+    def no_mappings(*a, **kw):
+        raise OSError("no mappings on this file system")
+    monkeypatch.setattr(package_module.mmap, "mmap", no_mappings)
+    s = Session(device, path)
+    assert s.package._check() is None  # (read into memory, checked then)
+    np.testing.assert_array_equal(s.package.weights["w"], w)
+    x = np.ones((2, 3000), np.float32)
+    np.testing.assert_allclose(s.run("infer", {"x": x})["y"], x.astype(np.float64) @ w.astype(np.float64) + 0.5,
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_file_cut_short_before_it_is_mapped_is_named(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 5000)
+    with open(path, "rb") as f, pytest.raises(PackageError, match="the file ended at byte 5000 of 8032 while being read"):
+        package_module._mapped(f, 100, 8000, path)
