@@ -7,6 +7,7 @@ its own command encoder, between its render passes.
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from contextlib import contextmanager
@@ -16,9 +17,10 @@ import numpy as np
 from . import native
 from .checkpoint import safetensors_bytes, write_atomic
 from .device import default_device, fresh_device
+from .device_limits import check_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
 from .inputs import coerce, fits, pad, rows
-from .lifted_sizes import alignment, layout, manifest_values, sizes_buffer, slice_bytes
+from .lifted_sizes import sizes_buffer, slice_bytes
 from .loading import SWITCH_INTERVAL, LoadingSession, default_threads
 from .package import DTYPES, QUICK, Package, PackageError, as_variant, kernels_of
 from .threads import OnThread, in_background
@@ -35,13 +37,6 @@ UPLOAD_THREADS, BIG_UPLOAD = 4, 1 << 30
 BIND_GROUP_THREADS = 1
 LOAD_THREADS = 16  # most threads compiling pipelines at load (NVIDIA: ~15 ms of driver time each, cold)
 SKIPPED = "optimizer.skipped_steps"  # state counter of training steps rejected for NaN/inf
-
-_LIMIT_NAMES = {  # manifest name -> wgpu limit name
-    "max_storage_buffers_per_shader_stage": "max-storage-buffers-per-shader-stage",
-    "max_compute_workgroups_per_dimension": "max-compute-workgroups-per-dimension",
-    "max_storage_buffer_binding_size": "max-storage-buffer-binding-size",
-    "max_buffer_size": "max-buffer-size",
-}
 
 
 class Session:
@@ -87,7 +82,7 @@ class Session:
         self._tuned, self._training, self._retired, self.tier = None, None, [], "tuned"
         self._progress = _progress  # a LoadingSession's count of pipelines made and weights uploaded
         m = pkg.manifest
-        self._check_device(m)  # every size against the device before any allocation
+        self._sizes_layout = check_device(m, self.device, memory_limit)  # every size, before any allocation
         self.tensors = m["tensors"]
         self._layouts = {}
         self.device_class = device_class or (
@@ -108,30 +103,40 @@ class Session:
         uploads = [t for t in self.tensors if t["role"] in ("param", "state", "constant") and t["init"] == "blob"]
         if _progress is not None:
             _progress.expect(len(todo) + len(uploads))
-        for i in used | tuned:
-            self._layout(m["kernels"][i])  # shared by kernels: made here, not in the threads
-        threads = None if _progress is None else min(_progress.threads, LOAD_THREADS)  # (a background load's)
-        pipelines = _in_background({i: (self._pipeline, i, k) for i, k in longest_first(todo)}, threads)
-        # each dispatch's bind group key computed on a thread while the buffers are made here (made
-        # on a thread of their own from the start, they held up the compiles' start by 34 ms for
-        # DINOv2: bench/REJECTED.md); then, on that thread, the groups
         stop, allocated = threading.Event(), threading.Event()
-        groups = None
-        try:
-            groups = OnThread(lambda: make_bind_groups(self, first_variant, BIND_GROUP_THREADS, {}, stop, allocated,
-                                                       first_programs), "meganeura-bind")
-            self.allocated_bytes = 0
-            now = [i for i in range(len(m["buffers"])) if i not in later]
-            self.buffers = Buffers(self._allocate(now, "the package"), len(m["buffers"]), later)
-            self._sizes = sizes_buffer(self.device, self._sizes_layout)
-            self.allocated_bytes += self._sizes_layout[0]
-            allocated.set()
+        groups = pipelines = None
+
+        def buffers_and_weights():
+            try:
+                self.allocated_bytes = 0
+                now = [i for i in range(len(m["buffers"])) if i not in later]
+                self.buffers = Buffers(self._allocate(now, "the package"), len(m["buffers"]), later)
+                self._sizes = sizes_buffer(self.device, self._sizes_layout)
+                self.allocated_bytes += self._sizes_layout[0]
+            finally:
+                allocated.set()  # (a failed allocation: the bind thread, stopped, makes no group)
             with self._gpu("uploading the weights"):  # (a mapped file's checked beside it: nothing runs before that passes)
                 pkg._while_checked(lambda weights: self._upload(uploads, weights))
+        # from BIG_UPLOAD bytes of weights, on a thread from the start: their upload ends the load
+        # (H200, SD-1.5 0.66-0.75 -> 0.55-0.66 s); on this thread once the compiles are queued for
+        # smaller ones (their compiles end it, and started 10-20 ms later beside that thread)
+        big = sum(math.prod(t["shape"]) * np.dtype(DTYPES[t["dtype"]]).itemsize for t in uploads) >= BIG_UPLOAD
+        self.upload_threads = UPLOAD_THREADS * (2 if big and _progress is None else 1)  # (the benchmarks record it)
+        filled = OnThread(buffers_and_weights, "meganeura-upload") if big else None
+        try:
+            for i in used | tuned:
+                self._layout(m["kernels"][i])  # shared by kernels: made here, not in the threads
+            threads = None if _progress is None else min(_progress.threads, LOAD_THREADS)  # (a background load's)
+            pipelines = _in_background({i: (self._pipeline, i, k) for i, k in longest_first(todo)}, threads)
+            groups = OnThread(lambda: make_bind_groups(self, first_variant, BIND_GROUP_THREADS, {}, stop, allocated,
+                                                       first_programs), "meganeura-bind")
+            buffers_and_weights() if filled is None else filled.wait()
         except BaseException:
             stop.set()  # no thread outlives the constructor; the upload's error is the one to see
-            allocated.set()  # (a failed allocation: the bind thread, stopped, makes no group)
-            pipelines(quiet=True)
+            if filled is not None:
+                filled.join()
+            if pipelines is not None:
+                pipelines(quiet=True)
             if groups is not None:
                 groups.join()
             raise
@@ -168,51 +173,6 @@ class Session:
         return LoadingSession(cls, device, package, threads, options, switch_interval)
 
     # ---------------------------------------------------------------- loading
-    def _check_device(self, m):
-        """The package's declared needs, then what it actually asks for (a hostile package
-        may declare less than it uses), against this device's limits."""
-        requires = m["requires"]
-        missing = [f for f in requires["features"] if f not in self.device.features]
-        if missing:
-            raise PackageError(f"this device lacks features the package needs: {missing}")
-        limits = self.device.limits
-        for name, need in requires["limits"].items():
-            have = limits.get(_LIMIT_NAMES.get(name, name.replace("_", "-")))
-            if have is not None and need > have:
-                raise PackageError(f"the package needs {name} = {need}; this device allows {have}")
-        biggest = min(limits.get("max-buffer-size", 1 << 62), limits.get("max-storage-buffer-binding-size", 1 << 62))
-        for i, size in enumerate(m["buffers"]):
-            if size > biggest:
-                raise PackageError(f"buffer {i} needs {size} bytes; this device's largest storage buffer "
-                                   f"is {biggest} bytes")
-        # the lifted sizes' uniform buffer: every dispatch's (and variant's) values, laid out once
-        self._sizes_layout = layout(manifest_values(m), alignment(self.device))
-        sizes_bytes = self._sizes_layout[0]
-        if sizes_bytes > limits.get("max-buffer-size", 1 << 62):
-            raise PackageError(f"the package's lifted sizes need a {sizes_bytes}-byte buffer; this device's "
-                               f"largest is {limits.get('max-buffer-size')} bytes")
-        total = sum(m["buffers"]) + sizes_bytes
-        if self.memory_limit is not None and total > self.memory_limit:
-            raise GPUOutOfMemoryError(f"the package needs {total / 2**20:.1f} MiB of GPU memory; "
-                                      f"memory_limit allows {self.memory_limit / 2**20:.1f} MiB")
-        bindings = limits.get("max-storage-buffers-per-shader-stage", 8)
-        invocations = limits.get("max-compute-invocations-per-workgroup", 256)
-        sizes = [limits.get(f"max-compute-workgroup-size-{a}", 1 << 16) for a in "xyz"]
-        for i, k in enumerate(m["kernels"]):
-            if len(k["access"]) > bindings:
-                raise PackageError(f"kernel {i} binds {len(k['access'])} storage buffers; this device allows {bindings}")
-            ws = k["workgroup_size"]
-            if ws[0] * ws[1] * ws[2] > invocations or any(w > n for w, n in zip(ws, sizes)):
-                raise PackageError(f"kernel {i}: workgroup size {ws} exceeds this device's limits "
-                                   f"({invocations} invocations, {sizes})")
-        most = limits.get("max-compute-workgroups-per-dimension", 65535)
-        for name, p in m["programs"].items():
-            for j, d in enumerate(p["dispatches"]):
-                for v in [d, *d.get("variants", {}).values()]:
-                    if max(v["workgroups"]) > most:
-                        raise PackageError(f"program {name} dispatch {j}: {v['workgroups']} workgroups; "
-                                           f"this device allows {most} per dimension")
-
     def _allocate(self, which: list, what: str, cancel=None) -> dict:
         """Buffers `which` (indices into the manifest's sizes), index -> buffer; none once `cancel` is set."""
         wgpu, sizes = self._wgpu, self.package.manifest["buffers"]
@@ -356,11 +316,9 @@ class Session:
         return pipeline, bgl
 
     def _upload(self, tensors, weights):
-        """Write `tensors`' weights, the largest first, on UPLOAD_THREADS threads (twice that from
-        BIG_UPLOAD bytes): each write copies into a fresh staging buffer of the driver's."""
+        """Write `tensors`' weights, the largest first, on `upload_threads` threads: each write
+        copies into a fresh staging buffer of the driver's."""
         order = sorted(tensors, key=lambda t: -weights[t["name"]].nbytes)
-        big = self._progress is None and sum(weights[t["name"]].nbytes for t in order) >= BIG_UPLOAD
-        self.upload_threads = UPLOAD_THREADS * (2 if big else 1)  # (the benchmarks record it)
         _in_background({i: (self._write_counted, t, weights[t["name"]]) for i, t in enumerate(order)},
                        self.upload_threads)()
 

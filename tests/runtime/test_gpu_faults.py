@@ -151,14 +151,17 @@ def test_a_closed_session_says_so(device, package):
         session.run("infer", {"x": np.zeros((8, 12))})
 
 
-def test_a_failed_load_leaves_no_thread_behind(device, package, monkeypatch):
+@pytest.mark.parametrize("big", [False, True])
+def test_a_failed_load_leaves_no_thread_behind(big, device, package, monkeypatch):
     """Pipelines and bind groups are made on threads beside the allocation and the upload: an
-    allocation that fails mid-way raises its own error, and every load thread is gone when it does."""
+    allocation that fails mid-way raises its own error, and every load thread is gone when it
+    does; `big`: the buffers made on a thread of their own (as for a gigabyte of weights)."""
     import threading
 
     from meganeura.runtime import session as session_module
 
     monkeypatch.setattr(session_module, "LOAD_THREADS", 4)
+    monkeypatch.setattr(session_module, "BIG_UPLOAD", 0 if big else session_module.BIG_UPLOAD)
     assert len(package.manifest["kernels"]) > 8  # enough kernels for the threads to be used
     before = set(threading.enumerate())  # (threads of earlier tests' sessions are theirs)
     with pytest.raises(GPUOutOfMemoryError):
@@ -166,16 +169,21 @@ def test_a_failed_load_leaves_no_thread_behind(device, package, monkeypatch):
     assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("meganeura-")]
 
 
-def test_a_device_lost_during_the_weight_upload(package, monkeypatch):
+@pytest.mark.parametrize("big", [False, True])
+def test_a_device_lost_during_the_weight_upload(big, package, monkeypatch):
     """The weights are written on threads: a device lost at the third write raises
-    DeviceLostError, the writes not yet started are cancelled, and no load thread is left."""
+    DeviceLostError, the writes not yet started are cancelled, and no load thread is left;
+    `big`: as for a gigabyte of weights (buffers made and weights written on a thread of
+    their own from the start, on twice the threads)."""
     import threading
 
     from meganeura.runtime import session as session_module
 
     import time
 
-    monkeypatch.setattr(session_module, "UPLOAD_THREADS", 2)
+    monkeypatch.setattr(session_module, "UPLOAD_THREADS", 2 if not big else 1)
+    if big:
+        monkeypatch.setattr(session_module, "BIG_UPLOAD", 0)
     rng = np.random.default_rng(1)
     b = Builder()
     h = b.input("x", (2, 4))

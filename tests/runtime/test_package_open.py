@@ -20,13 +20,19 @@ def three_chunks():
     return compile_model(b.build()), w
 
 
-def test_a_session_from_a_path_runs_as_one_from_a_loaded_package(device, three_chunks, tmp_path, monkeypatch):
+@pytest.mark.parametrize("big", [False, True])
+def test_a_session_from_a_path_runs_as_one_from_a_loaded_package(big, device, three_chunks, tmp_path, monkeypatch):
+    """`big`: as a gigabyte of weights loads (buffers and upload on a thread from the start)."""
+    from meganeura.runtime import session as session_module
+
     data, w = three_chunks
     path = tmp_path / "p.mnpk"
     path.write_bytes(data)
     monkeypatch.setattr(package_module, "READ_STEP", 3 << 20)  # several reads on threads per part
+    monkeypatch.setattr(session_module, "BIG_UPLOAD", 0 if big else session_module.BIG_UPLOAD)
     x = np.random.default_rng(4).standard_normal((2, 3000)).astype(np.float32)
     from_path = Session(device, path)
+    assert from_path.upload_threads == session_module.UPLOAD_THREADS * (2 if big else 1)
     assert from_path.package.manifest == Package.from_bytes(data).manifest
     assert not from_path.package.weights["w"].flags.writeable
     np.testing.assert_array_equal(from_path.package.weights["w"], Package.load(path).weights["w"])
