@@ -11,7 +11,6 @@ the manifest and the weights' offsets are checked first.
 """
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import math
@@ -20,12 +19,12 @@ import os
 import struct
 import threading
 import zlib
-from contextlib import contextmanager
 
 import msgpack
 import numpy as np
 
 from .errors import PackageError  # noqa: F401  (importers take it from here too)
+from .manifest_fields import _dict, _fail, _int, _ints, _key, _list, _no_collection, _str
 from .threads import FileReader, OnThread, run_on_threads
 from .workgroup_memory import workgroup_bytes  # noqa: F401  (the Session and tests import it from here)
 
@@ -58,48 +57,6 @@ def kernels_of(manifest: dict, variant: str) -> set:
     return {as_variant(d, variant)["kernel"] for p in manifest["programs"].values() for d in p["dispatches"]}
 
 
-def _fail(msg):
-    raise PackageError(msg)
-
-
-def _int(v, where, lo=0, hi=1 << 40):
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        _fail(f"{where}: expected an integer in [{lo}, {hi}], got {v!r:.80}")
-    return v
-
-
-def _ints(values, where, lo=0, hi=1 << 40) -> None:
-    """Each of `values` an integer in [lo, hi]: _int's check, its message made only for a
-    value that fails (a manifest holds ~100,000 of them: SD-1.5's checks 69 -> 48 ms on a 2-core VM)."""
-    for v in values:
-        if type(v) is not int or v < lo or v > hi:  # (an int subclass in range passes _int too)
-            _int(v, where, lo, hi)
-
-
-def _str(v, where, max_len=1 << 20):
-    if not isinstance(v, str) or len(v) > max_len:
-        _fail(f"{where}: expected a string, got {type(v).__name__}")
-    return v
-
-
-def _list(v, where, max_len=1 << 20):
-    if not isinstance(v, list) or len(v) > max_len:
-        _fail(f"{where}: expected a list, got {type(v).__name__}")
-    return v
-
-
-def _dict(v, where):
-    if not isinstance(v, dict):
-        _fail(f"{where}: expected a map, got {type(v).__name__}")
-    return v
-
-
-def _key(d, k, where):
-    if k not in d:
-        _fail(f"{where}: missing field {k!r}")
-    return d[k]
-
-
 class Package:
     """A validated package: the manifest, the weights, and typed views of both."""
 
@@ -111,6 +68,7 @@ class Package:
         self._checks = None  # a mapped file's: () -> an OnThread checking its bytes (see _check)
         self._checking, self._fresh = None, False  # the last check started; not yet handed out
         self._verified = True  # False for a mapped file's weights until a check has passed
+        self._mapping = None  # a mapped file's (mmap, path)
         self.raw_size = raw_size
 
     @property
@@ -118,6 +76,7 @@ class Package:
         """name -> read-only ndarray (params and non-zero initial state); for a package still
         being read (a Session made from a path), waits for its bytes and their checksums."""
         views = self._unchecked_weights()
+        self._whole()
         if not self._verified:
             self._check().wait()  # raises PackageError for damaged weights, each time asked
             self._verified = True
@@ -134,14 +93,22 @@ class Package:
     def _check(self) -> OnThread | None:
         """For a mapped file (a Session made from a path), a check of its weights' bytes against
         their checksums, on threads: the one started when it was mapped, then a new one each
-        time (each Session uploading them checks them: the file may have been written into
-        since); None for a package in memory (checked when it was read)."""
+        time (each Session uploading them checks them: the file may have been written into, or
+        cut short, since); None for a package in memory (checked when it was read)."""
         if self._checks is None:
             return None
+        self._whole()
         if not self._fresh:
             self._checking = self._checks()
         self._fresh = False
         return self._checking
+
+    def _whole(self) -> None:
+        """A mapped file cut short since it was mapped: PackageError now, before a read of its
+        missing pages stops the process (SIGBUS)."""
+        if self._mapping is not None and self._mapping[0].size() < self.raw_size:
+            _fail(f"cannot read package {self._mapping[1]}: the file was cut short to {self._mapping[0].size()} "
+                  f"bytes (of {self.raw_size}) while mapped; replace a package by a rename, not by writing into it")
 
     def _while_checked(self, use) -> None:
         """use(weights): for a mapped file beside a check of their bytes, then that check's
@@ -195,6 +162,7 @@ class Package:
         ck = manifest["blob_checksum"]
         if mapped:
             f.close()  # (the mapping holds the file)
+            package._mapping = (blob.obj, path)
             package._checks = lambda: OnThread(lambda: _check_blob(blob, ck, 0, len(blob), cancel))
             package._checking, package._fresh, package._verified = package._checks(), True, False
 
@@ -430,19 +398,6 @@ def _ranges(d, where, bufs, buffers) -> list:
             _fail(f"{where}.ranges: {r!r:.40} is not a range of buffer {bi} ({buffers[bi]} bytes) at a "
                   f"multiple of {OFFSET_ALIGN} bytes")
     return ranges
-
-
-@contextmanager
-def _no_collection():
-    """The cycle collector paused: objects it would free mid-parse run their destructors in the
-    parser's stack, and at a hostile depth those fail (RecursionError, unraisable)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _lifted(d, where, kernel):

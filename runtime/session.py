@@ -42,8 +42,11 @@ SKIPPED = "optimizer.skipped_steps"  # state counter of training steps rejected 
 class Session:
     def __init__(self, device, package, device_class: str | None = None, memory_limit: int | None = None,
                  shader_checks: bool = True, quick_start: bool = False, _progress=None):
-        """`package`: a Package, or a .mnpk file's path (the fastest first launch: its weights
-        are read while the driver compiles the pipelines). `device_class` ("gpu" or "cpu")
+        """`package`: a Package, or a .mnpk file's path (the fastest first launch: the file is
+        mapped, not copied, and its weights checked while the driver compiles the pipelines; a
+        file written into or cut short in place while mapped is refused by the next Session of
+        it (a rebuild), but cut short during a load it stops the process (SIGBUS): replace a
+        package by a rename, as `meganeura compile` does). `device_class` ("gpu" or "cpu")
         overrides which kernel variants run; by default CPU rasterisers (lavapipe) get the CPU
         ones. `memory_limit` (bytes) refuses a package whose buffers need more, before anything
         is allocated. `shader_checks=False`

@@ -167,3 +167,42 @@ def test_a_file_cut_short_before_it_is_mapped_is_named(tmp_path):
     path.write_bytes(b"x" * 5000)
     with open(path, "rb") as f, pytest.raises(PackageError, match="the file ended at byte 5000 of 8032 while being read"):
         package_module._mapped(f, 100, 8000, path)
+
+
+CUT_SHORT = """
+import sys
+import numpy as np
+from meganeura.compiler import Builder, compile_model
+from meganeura.runtime import PackageError, Session
+
+path = sys.argv[1]
+b = Builder()
+x = b.input("x", (2, 3000))
+b.output("y", b.matmul(x, b.param("w", np.ones((3000, 3000), np.float32))))
+data = compile_model(b.build())
+open(path, "wb").write(data)
+s = Session(None, path)
+with open(path, "r+b") as f:  # cut short in place, under the Session's mapping
+    f.truncate(len(data) - (20 << 20))
+for what, again in (("rebuild", lambda: s.rebuild(s.device)), ("weights", lambda: s.package.weights)):
+    try:
+        again()
+        print(what, "not refused")
+    except PackageError as exc:
+        print(what, "refused:", exc)
+"""
+
+
+def test_a_mapped_file_cut_short_is_refused_not_a_crash(tmp_path):
+    """A package file cut short in place while a Session maps it: its rebuild and its weights
+    raise PackageError instead of reading the missing pages (SIGBUS). In a child process: the
+    crash this prevents would stop the test run."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", CUT_SHORT, str(tmp_path / "p.mnpk")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and all(" refused: cannot read package " in line and "was cut short" in line
+                                   for line in lines), proc.stdout
