@@ -100,8 +100,8 @@ class Session:
                                self.device.limits.get("max-compute-workgroup-storage-size", 16384))
         later = deferred_buffers(m)  # the training state: made after the load (runtime/training_state.py)
         first_programs = [name for name in m["programs"] if name != TRAINING] if later else None
-        # the driver compiles pipelines, and bind groups are made, on threads while this one
-        # makes the buffers and uploads the weights
+        # the driver compiles pipelines, and bind groups are made, on threads beside the buffers
+        # and the weights' upload (buffers_and_weights, below)
         todo = [(i, k) for i, k in enumerate(m["kernels"]) if i in used]
         uploads = [t for t in self.tensors if t["role"] in ("param", "state", "constant") and t["init"] == "blob"]
         if _progress is not None:
@@ -121,8 +121,8 @@ class Session:
             with self._gpu("uploading the weights"):  # (a mapped file's checked beside it: nothing runs before that passes)
                 pkg._while_checked(lambda weights: self._upload(uploads, weights))
         # from BIG_UPLOAD bytes of weights, on a thread from the start: their upload ends the load
-        # (H200, SD-1.5 0.66-0.75 -> 0.55-0.66 s); on this thread once the compiles are queued for
-        # smaller ones (their compiles end it, and started 10-20 ms later beside that thread)
+        # (H200, one host: SD-1.5 0.80 / 0.84 -> 0.65 / 0.65 s); for smaller ones on this thread
+        # once the compiles are queued (these end their load, and started 10-20 ms later beside it)
         big = sum(math.prod(t["shape"]) * np.dtype(DTYPES[t["dtype"]]).itemsize for t in uploads) >= BIG_UPLOAD
         self.upload_threads = UPLOAD_THREADS * (2 if big and _progress is None else 1)  # (the benchmarks record it)
         filled = OnThread(buffers_and_weights, "meganeura-upload") if big else None
