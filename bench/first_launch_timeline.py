@@ -25,7 +25,8 @@ PHASES = [
     ("package", "Package", "_open"), ("package", None, "_head"), ("package", None, "validate_manifest"),
     ("package", None, "_mapped"),
     ("package", None, "_check_blob"), ("package", None, "_weights_layout"), ("threads", "FileReader", "into"),
-    ("session", None, "check_device"), ("session", None, "check_workgroup_memory"),
+    ("session", None, "check_device"), ("session", "Session", "_check_device"),  # (older runtimes: a method)
+    ("session", None, "check_workgroup_memory"),
     ("session", "Session", "_layout"), ("session", "Session", "_pipeline"), ("session", "Session", "_allocate"),
     ("session", "Session", "_upload"), ("session", "Session", "_forms"), ("session", "Session", "_bind_group"),
     ("session", None, "make_bind_groups"), ("session", None, "assemble"),  # (session.py's own names for them)

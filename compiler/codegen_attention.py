@@ -43,8 +43,8 @@ ATTENTION_PLAN = {"min_split_keys": 32, "fill": 512, "min_keys": 64,
 # keys up to 128-wide heads, fewer keys past that (SD-1.5's 160-wide heads: 25), so that devices
 # allowing 32 KiB (lavapipe, Apple) run every model; 48 KiB devices would take 38
 SHARED_BUDGET = 32768
-# the quick tier's forward kernel keeps the head dimension in loops from this many vec4s (64-wide
-# heads): written out, SD-1.5's 160-wide heads (40 vec4 accumulators a thread) took the driver
+# the quick tier's forward kernel keeps the head dimension in loops from this many vec4s (68-wide
+# heads; 64-wide ones, DINOv2's and SmolLM2's, stay written out): written out, SD-1.5's 160-wide heads (40 vec4 accumulators a thread) took the driver
 # 0.38 s to compile, its 80-wide 0.13 s, the longest of its first tier's 113 kernels
 QUICK_LOOPS_FROM = 17
 

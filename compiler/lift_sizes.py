@@ -12,7 +12,7 @@ buffer (`mn_sizes`, bound after the storage buffers), and gives each dispatch it
 A literal stays written in where WGSL needs a constant (`const`, `const_assert` and `override`
 statements, attributes, `array<...>` sizes, `case` labels) and in a divisor (see _fixed); a
 family whose members differ there is not one family. Kernels with private or function-scope arrays are left alone (a runtime index into one is
-a 60x trap on NVIDIA), and so are the templates marked FIXED: the tiled GEMMs and attention,
+a 60x trap on NVIDIA; the quick tier lifts those marked LOOPED, indexed at run time anyway), and so are the templates marked FIXED: the tiled GEMMs and attention,
 whose inner loops divide by their sizes (by a constant, a multiply and a shift; by a uniform, a
 long division). Literals with other suffixes or none stay; the quick tier (quick_tier) also lifts
 f32(...) literals and typed i32 ones (`3i`, wgsl.i32_literal).

@@ -63,9 +63,9 @@ class Package:
     def __init__(self, manifest: dict, weights: dict, raw_size: int = 0):
         self.manifest = manifest
         self._weights = weights
-        self._reading = None  # an OnThread while a file's weights are still read and checked
+        self._reading = None  # an OnThread until a file's weights are read (mapped: their layout) and checked
         self._cancel = None  # set: that read stops
-        self._checks = None  # a mapped file's: () -> an OnThread checking its bytes (see _check)
+        self._checks = None  # a mapped file's: () -> a _Check of its bytes (see _check)
         self._checking, self._fresh = None, False  # the last check started; not yet handed out
         self._verified = True  # False for a mapped file's weights until a check has passed
         self._mapping = None  # a mapped file's (mmap, path)
@@ -86,19 +86,26 @@ class Package:
         """The weights once their layout is checked; a mapped file's bytes maybe not yet (see _check)."""
         reading = self._reading
         if reading is not None:
-            self._weights = reading.wait()  # raises PackageError for damaged weights, each time asked
+            try:
+                self._weights = reading.wait()  # raises PackageError for damaged weights, each time asked
+            except BaseException:
+                if self._checking is not None:
+                    self._checking.stop()  # (nothing will use these bytes: no thread reads them on)
+                raise
             self._reading = None
         return self._weights
 
-    def _check(self) -> OnThread | None:
+    def _check(self) -> _Check | None:
         """For a mapped file (a Session made from a path), a check of its weights' bytes against
         their checksums, on threads: the one started when it was mapped, then a new one each
         time (each Session uploading them checks them: the file may have been written into, or
-        cut short, since); None for a package in memory (checked when it was read)."""
+        cut short, since; until it passes `weights` is not served); None for a package in
+        memory (checked when it was read)."""
         if self._checks is None:
             return None
         self._whole()
         if not self._fresh:
+            self._verified = False
             self._checking = self._checks()
         self._fresh = False
         return self._checking
@@ -114,17 +121,24 @@ class Package:
         """use(weights): for a mapped file beside a check of their bytes, then that check's
         verdict (PackageError: damaged weights) before it returns."""
         checks = self._check()
-        use(self._unchecked_weights() if checks else self.weights)
-        if checks is not None:
-            checks.wait()
-            self._verified = True
+        if checks is None:
+            use(self.weights)
+            return
+        try:
+            use(self._unchecked_weights())
+        except BaseException:
+            checks.stop()  # (no check outlives a Session that failed)
+            raise
+        checks.wait()
+        self._verified = True
 
     def _abandon(self) -> None:
         """Stop reading a file's weights that nobody will upload (a Session that failed to load)."""
-        for thread in (self._reading, self._checking):
-            if thread is not None:
-                self._cancel.set()
-                thread.join()
+        if self._reading is not None:
+            self._cancel.set()
+            self._reading.join()
+        if self._checking is not None:
+            self._checking.stop()
 
     @classmethod
     def load(cls, path) -> Package:
@@ -163,7 +177,7 @@ class Package:
         if mapped:
             f.close()  # (the mapping holds the file)
             package._mapping = (blob.obj, path)
-            package._checks = lambda: OnThread(lambda: _check_blob(blob, ck, 0, len(blob), cancel))
+            package._checks = lambda: _Check(lambda stop: _check_blob(blob, ck, 0, len(blob), stop))
             package._checking, package._fresh, package._verified = package._checks(), True, False
 
             def layout():  # the header's chunks checked (the whole blob's check is running beside)
@@ -186,10 +200,10 @@ class Package:
                     if more > head:
                         read.into(blob, start, head, more, READ_STEP, cancel)
                         head = more
-                _check_blob(blob, ck, 0, head)
+                _check_blob(blob, ck, 0, head, cancel)
                 layout = _weights_layout(blob[:head], len(blob), manifest)
                 read.into(blob, start, head, len(blob), READ_STEP, cancel)
-            _check_blob(blob, ck, head, len(blob))
+            _check_blob(blob, ck, head, len(blob), cancel)
             return _weight_views(blob, layout)
         package._reading = OnThread(rest)
         return package
@@ -229,6 +243,23 @@ class Package:
         from .package_summary import summary  # (it reads this module's names)
 
         return summary(self.manifest, self.raw_size)
+
+
+class _Check:
+    """A check of a mapped file's weights on a thread, with a stop of its own (a stopped one
+    leaves the package's later checks alone)."""
+
+    def __init__(self, check):
+        self._stop = threading.Event()
+        self._thread = OnThread(lambda: check(self._stop))
+
+    def wait(self):
+        return self._thread.wait()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
 
 def validate_manifest(m) -> None:
     """Check every field, index and size; raise PackageError naming the first problem."""
@@ -457,7 +488,9 @@ def _head(read, size: int):
 def _mapped(f, start: int, end: int, path):
     """The file's bytes start to end as a read-only view of its mapping (the page cache's own
     pages: a 3.3 GB read into fresh memory took 0.13 s of 16 cores on the H200 host, more beside
-    the compiles); None where it cannot be mapped (the caller reads it instead)."""
+    the compiles); None where it cannot or should not be mapped (the caller reads it instead)."""
+    if os.name != "posix":  # (Windows: a mapped file cannot be replaced, so a new package renamed onto it would fail)
+        return None
     try:
         whole = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError, OverflowError):  # (a file system without mappings; a 32-bit process)

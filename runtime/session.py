@@ -42,11 +42,12 @@ SKIPPED = "optimizer.skipped_steps"  # state counter of training steps rejected 
 class Session:
     def __init__(self, device, package, device_class: str | None = None, memory_limit: int | None = None,
                  shader_checks: bool = True, quick_start: bool = False, _progress=None):
-        """`package`: a Package, or a .mnpk file's path (the fastest first launch: the file is
-        mapped, not copied, and its weights checked while the driver compiles the pipelines; a
-        file written into or cut short in place while mapped is refused by the next Session of
-        it (a rebuild), but cut short during a load it stops the process (SIGBUS): replace a
-        package by a rename, as `meganeura compile` does). `device_class` ("gpu" or "cpu")
+        """`package`: a Package, or a .mnpk file's path (the fastest first launch: on POSIX the
+        file is mapped, not copied, and its weights checked while the driver compiles the
+        pipelines and they upload; a file written into or cut short in place while mapped is
+        refused by the next Session of it (a rebuild), but written into during a load it can
+        leave this one a mix of old and new weights, and cut short then it stops the process
+        (SIGBUS): replace a package by a rename, as `meganeura compile` does). `device_class` ("gpu" or "cpu")
         overrides which kernel variants run; by default CPU rasterisers (lavapipe) get the CPU
         ones. `memory_limit` (bytes) refuses a package whose buffers need more, before anything
         is allocated. `shader_checks=False`
@@ -113,11 +114,16 @@ class Session:
             try:
                 self.allocated_bytes = 0
                 now = [i for i in range(len(m["buffers"])) if i not in later]
-                self.buffers = Buffers(self._allocate(now, "the package"), len(m["buffers"]), later)
+                self.buffers = Buffers(self._allocate(now, "the package", stop), len(m["buffers"]), later)
                 self._sizes = sizes_buffer(self.device, self._sizes_layout)
                 self.allocated_bytes += self._sizes_layout[0]
+            except BaseException:
+                stop.set()  # (before `allocated`: the bind thread, stopped, makes no group)
+                raise
             finally:
-                allocated.set()  # (a failed allocation: the bind thread, stopped, makes no group)
+                allocated.set()
+            if stop.is_set():  # (the constructor failed meanwhile)
+                return
             with self._gpu("uploading the weights"):  # (a mapped file's checked beside it: nothing runs before that passes)
                 pkg._while_checked(lambda weights: self._upload(uploads, weights))
         # from BIG_UPLOAD bytes of weights, on a thread from the start: their upload ends the load
@@ -133,9 +139,13 @@ class Session:
             pipelines = _in_background({i: (self._pipeline, i, k) for i, k in longest_first(todo)}, threads)
             groups = OnThread(lambda: make_bind_groups(self, first_variant, BIND_GROUP_THREADS, {}, stop, allocated,
                                                        first_programs), "meganeura-bind")
-            buffers_and_weights() if filled is None else filled.wait()
+            if filled is None:
+                buffers_and_weights()
+            else:
+                filled.wait()
         except BaseException:
             stop.set()  # no thread outlives the constructor; the upload's error is the one to see
+            allocated.set()  # (the bind thread, stopped, makes no group)
             if filled is not None:
                 filled.join()
             if pipelines is not None:

@@ -406,6 +406,35 @@ def test_quick_attention_loops_over_wide_heads(d, keys, causal, device):
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
 
 
+def test_quick_attentions_of_one_width_share_a_lifted_kernel(device):
+    """Two 160-wide attentions that differ in their sizes (40 and 50 query rows, 60 and 50
+    keys) run one lifted quick kernel (LOOPED lets the quick tier lift it), each against torch;
+    64-wide heads have no quick variant (their kernel written out compiles fast enough)."""
+    import torch
+
+    rng = np.random.default_rng(11)
+    shapes = {"q1": (1, 2, 40, 160), "k1": (1, 2, 60, 160), "q2": (1, 2, 50, 160), "k2": (1, 2, 50, 160)}
+    b = Builder()
+    ins = {n: b.input(n, s) for n, s in shapes.items()}
+    b.output("o1", b.attention(ins["q1"], ins["k1"], ins["k1"]))
+    b.output("o2", b.attention(ins["q2"], ins["k2"], ins["k2"]))
+    pkg = Package.from_bytes(compile_model(b.build()))
+    quick = {d["variants"]["quick"]["kernel"] for d in pkg.programs["infer"]["dispatches"] if "quick" in d.get("variants", {})
+             and pkg.manifest["kernels"][d["variants"]["quick"]["kernel"]]["label"].startswith("attention")}
+    assert len(quick) == 1 and pkg.manifest["kernels"][quick.pop()].get("lifted")
+    vals = {n: rng.standard_normal(s) for n, s in shapes.items()}
+    got = _session(device, pkg, "quick").run("infer", vals)
+    for i in "12":
+        t = torch.tensor(vals["k" + i])
+        ref = torch.nn.functional.scaled_dot_product_attention(torch.tensor(vals["q" + i]), t, t).numpy()
+        assert np.abs(got["o" + i] - ref).max() / np.abs(ref).max() < 1e-5
+    b = Builder()
+    q = b.input("q", (1, 2, 40, 64))
+    b.output("o", b.attention(q, q, q))
+    narrow = Package.from_bytes(compile_model(b.build()))
+    assert not any("quick" in d.get("variants", {}) for d in narrow.programs["infer"]["dispatches"])
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("device_class", ["cpu", "gpu", "quick"])
 def test_fused_attention_with_split_keys(causal, device_class, device):

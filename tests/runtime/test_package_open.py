@@ -1,6 +1,8 @@
 """A Session made from a path maps the file and checks the weights while the pipelines compile
 and the weights upload (Package._open): the same package as Package.load's, damage anywhere
 still refused before the Session exists, and checked again by each Session that uploads them."""
+import os
+
 import numpy as np
 import pytest
 from meganeura.compiler import Builder, compile_model
@@ -80,8 +82,9 @@ def test_a_missing_file_is_named(tmp_path):
 
 
 def test_a_file_and_its_bytes_are_judged_alike(tmp_path, monkeypatch):
-    """Package.load (head checked, the rest read on a thread) against from_bytes (all at once),
-    over random damage to a package of 1 KiB checksum chunks whose weights' header spans several."""
+    """Package.load (head checked, the rest read on a thread) and a mapped file against
+    from_bytes (all at once), over random damage to a package of 1 KiB checksum chunks whose
+    weights' header spans several."""
     import random
 
     from meganeura.compiler import blob
@@ -106,20 +109,23 @@ def test_a_file_and_its_bytes_are_judged_alike(tmp_path, monkeypatch):
             data[pick.randrange(28 + man_len, len(data) - 32)] ^= 1 << pick.randrange(8)  # in the weights blob
         path.write_bytes(bytes(data))
         results = []
-        for load in (lambda: Package.from_bytes(bytes(data)), lambda: Package.load(path)):
+        # (Package._open: mapped, as a Session made from a path has it)
+        for load in (lambda: Package.from_bytes(bytes(data)), lambda: Package.load(path), lambda: Package._open(path)):
             try:
                 results.append(load().weights)
             except PackageError:
                 results.append(None)
-        assert (results[0] is None) == (results[1] is None), case
+        assert (results[0] is None) == (results[1] is None) == (results[2] is None), case
         if results[0] is not None:
             for name, value in results[0].items():
                 np.testing.assert_array_equal(results[1][name], value)
+                np.testing.assert_array_equal(results[2][name], value)
         outcomes.add(results[0] is None)
     assert outcomes == {True}  # (every flip in the blob is caught, by its layout or its checksums)
 
 
 
+@pytest.mark.skipif(os.name != "posix", reason="files are mapped on POSIX only (Windows reads them)")
 def test_a_mapped_file_replaced_or_written_into(device, three_chunks, tmp_path):
     """A Session's package maps its file: a file replaced by a rename (as `meganeura compile`
     writes one) leaves it the bytes it loaded, and its rebuild uploads them again; a file
@@ -128,7 +134,7 @@ def test_a_mapped_file_replaced_or_written_into(device, three_chunks, tmp_path):
     path = tmp_path / "p.mnpk"
     path.write_bytes(data)
     s = Session(device, path)
-    assert s.package._check() is not None  # (mapped, not read: a package in memory has no check to make)
+    assert s.package._mapping is not None  # (mapped, not read)
     x = np.ones((2, 3000), np.float32)
     want = s.run("infer", {"x": x})["y"]
     (tmp_path / "new.mnpk").write_bytes(data[:-40] + bytes(8) + data[-32:])  # (another package's bytes)
@@ -142,8 +148,38 @@ def test_a_mapped_file_replaced_or_written_into(device, three_chunks, tmp_path):
         f.write(b"\x7f")
     with pytest.raises(PackageError, match="damaged weights: bytes 16777216-33554432"):
         mapped.rebuild(device)
+    with pytest.raises(PackageError, match="damaged weights"):  # (not served once a check has failed)
+        mapped.package.weights  # noqa: B018
     with pytest.raises(PackageError, match="damaged weights"):
         Package.load(path)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="files are mapped on POSIX only (Windows reads them)")
+def test_a_rebuild_that_fails_mid_upload_stops_its_check(device, three_chunks, tmp_path, monkeypatch):
+    """A rebuild of a mapped package whose upload fails stops the check it started (no thread
+    left) without spoiling the next one: a later rebuild loads and runs."""
+    import threading
+    import time
+    import zlib
+
+    data, w = three_chunks
+    path = tmp_path / "p.mnpk"
+    path.write_bytes(data)
+    s = Session(device, path)
+    crc, real = zlib.crc32, Session._write
+    monkeypatch.setattr(package_module.zlib, "crc32", lambda *a: time.sleep(0.2) or crc(*a))  # checks outlast the upload
+
+    def failing(self, t, value):
+        raise MemoryError("the upload failed")
+    monkeypatch.setattr(Session, "_write", failing)
+    before = set(threading.enumerate())
+    with pytest.raises(MemoryError, match="the upload failed"):
+        s.rebuild(device)
+    assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("meganeura-")]
+    monkeypatch.setattr(Session, "_write", real)
+    x = np.ones((2, 3000), np.float32)
+    np.testing.assert_array_equal(s.rebuild(device).run("infer", {"x": x})["y"], s.run("infer", {"x": x})["y"])
+    np.testing.assert_array_equal(s.package.weights["w"], w)
 
 
 def test_a_file_that_cannot_be_mapped_is_read(device, three_chunks, tmp_path, monkeypatch):
@@ -193,6 +229,7 @@ for what, again in (("rebuild", lambda: s.rebuild(s.device)), ("weights", lambda
 """
 
 
+@pytest.mark.skipif(os.name != "posix", reason="files are mapped on POSIX only (Windows reads them)")
 def test_a_mapped_file_cut_short_is_refused_not_a_crash(tmp_path):
     """A package file cut short in place while a Session maps it: its rebuild and its weights
     raise PackageError instead of reading the missing pages (SIGBUS). In a child process: the
