@@ -5,9 +5,10 @@ A package is untrusted input. `Package.load` checks the magic, format version,
 lengths and checksums; then every field of the manifest, every index (buffers, kernels,
 tensors) and every size against the others; then the weights blob. Anything wrong
 raises PackageError naming the field. A Session made from a path checks the same, but
-maps the file instead of reading it (as safetensors and llama.cpp do: no copy of gigabytes),
-checks the weights' checksums while it compiles and uploads, and returns only once they pass:
-the manifest and the weights' offsets are checked first.
+maps the file on POSIX instead of reading it (as safetensors and llama.cpp do: no copy of
+gigabytes), checks the weights' checksums while it compiles and uploads, and returns only once
+they pass (a file written into during the load can leave it a mix): the manifest and the
+weights' offsets are checked first.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from .errors import PackageError  # noqa: F401  (importers take it from here too)
 from .manifest_fields import _dict, _fail, _int, _ints, _key, _list, _no_collection, _str
-from .threads import FileReader, OnThread, run_on_threads
+from .threads import FileReader, OnThread, Stoppable, run_on_threads
 from .workgroup_memory import workgroup_bytes  # noqa: F401  (the Session and tests import it from here)
 
 MAGIC = b"MNPK\r\n\x1a\n"
@@ -65,22 +66,37 @@ class Package:
         self._weights = weights
         self._reading = None  # an OnThread until a file's weights are read (mapped: their layout) and checked
         self._cancel = None  # set: that read stops
-        self._checks = None  # a mapped file's: () -> a _Check of its bytes (see _check)
+        self._checks = None  # a mapped file's: () -> a check of its bytes on a thread (see _check)
         self._checking, self._fresh = None, False  # the last check started; not yet handed out
-        self._verified = True  # False for a mapped file's weights until a check has passed
+        self._verified = True  # False for a mapped file's weights until the latest check has passed
         self._mapping = None  # a mapped file's (mmap, path)
         self.raw_size = raw_size
 
     @property
     def weights(self) -> dict:
         """name -> read-only ndarray (params and non-zero initial state); for a package still
-        being read (a Session made from a path), waits for its bytes and their checksums."""
+        being read (a Session made from a path), waits for its bytes and their checksums. A
+        mapped file's are views of its pages: bytes written into it after a check has passed
+        are served as they are, until the next Session's check (a rebuild) refuses them."""
         views = self._unchecked_weights()
         self._whole()
         if not self._verified:
-            self._check().wait()  # raises PackageError for damaged weights, each time asked
-            self._verified = True
+            self._passed(self._check())  # raises PackageError for damaged weights, each time asked
         return views
+
+    def _passed(self, checks: Stoppable, stop=None) -> None:
+        """Wait for `checks` (stopping it if this thread is interrupted, or once `stop` is set:
+        no check reads the file behind a call that failed); the weights are verified if it is
+        still the latest check."""
+        try:
+            if stop is not None and not checks.wait_unless(stop):
+                return
+            checks.wait()
+        except BaseException:
+            checks.stop()
+            raise
+        if self._checking is checks:  # (not a newer one, started meanwhile by another thread)
+            self._verified = True
 
     def _unchecked_weights(self) -> dict:
         """The weights once their layout is checked; a mapped file's bytes maybe not yet (see _check)."""
@@ -95,12 +111,12 @@ class Package:
             self._reading = None
         return self._weights
 
-    def _check(self) -> _Check | None:
+    def _check(self) -> Stoppable | None:
         """For a mapped file (a Session made from a path), a check of its weights' bytes against
         their checksums, on threads: the one started when it was mapped, then a new one each
-        time (each Session uploading them checks them: the file may have been written into, or
-        cut short, since; until it passes `weights` is not served); None for a package in
-        memory (checked when it was read)."""
+        time (each Session uploading them, and `weights` after a check failed: the file may have
+        been written into, or cut short (PackageError, at once), since; until one passes
+        `weights` is not served); None for a package in memory (checked when it was read)."""
         if self._checks is None:
             return None
         self._whole()
@@ -117,9 +133,10 @@ class Package:
             _fail(f"cannot read package {self._mapping[1]}: the file was cut short to {self._mapping[0].size()} "
                   f"bytes (of {self.raw_size}) while mapped; replace a package by a rename, not by writing into it")
 
-    def _while_checked(self, use) -> None:
+    def _while_checked(self, use, stop=None) -> None:
         """use(weights): for a mapped file beside a check of their bytes, then that check's
-        verdict (PackageError: damaged weights) before it returns."""
+        verdict (PackageError: damaged weights) before it returns; `stop` (an Event), once set,
+        ends the check and this, unverified (the Session that asked has failed)."""
         checks = self._check()
         if checks is None:
             use(self.weights)
@@ -129,8 +146,7 @@ class Package:
         except BaseException:
             checks.stop()  # (no check outlives a Session that failed)
             raise
-        checks.wait()
-        self._verified = True
+        self._passed(checks, stop)
 
     def _abandon(self) -> None:
         """Stop reading a file's weights that nobody will upload (a Session that failed to load)."""
@@ -177,7 +193,7 @@ class Package:
         if mapped:
             f.close()  # (the mapping holds the file)
             package._mapping = (blob.obj, path)
-            package._checks = lambda: _Check(lambda stop: _check_blob(blob, ck, 0, len(blob), stop))
+            package._checks = lambda: Stoppable(lambda stop: _check_blob(blob, ck, 0, len(blob), stop))
             package._checking, package._fresh, package._verified = package._checks(), True, False
 
             def layout():  # the header's chunks checked (the whole blob's check is running beside)
@@ -243,22 +259,6 @@ class Package:
         from .package_summary import summary  # (it reads this module's names)
 
         return summary(self.manifest, self.raw_size)
-
-
-class _Check:
-    """A check of a mapped file's weights on a thread, with a stop of its own (a stopped one
-    leaves the package's later checks alone)."""
-
-    def __init__(self, check):
-        self._stop = threading.Event()
-        self._thread = OnThread(lambda: check(self._stop))
-
-    def wait(self):
-        return self._thread.wait()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def validate_manifest(m) -> None:

@@ -125,7 +125,7 @@ class Session:
             if stop.is_set():  # (the constructor failed meanwhile)
                 return
             with self._gpu("uploading the weights"):  # (a mapped file's checked beside it: nothing runs before that passes)
-                pkg._while_checked(lambda weights: self._upload(uploads, weights))
+                pkg._while_checked(lambda weights: self._upload(uploads, weights, stop), stop)
         # from BIG_UPLOAD bytes of weights, on a thread from the start: their upload ends the load
         # (H200, one host: SD-1.5 0.80 / 0.84 -> 0.65 / 0.65 s); for smaller ones on this thread
         # once the compiles are queued (these end their load, and started 10-20 ms later beside it)
@@ -328,14 +328,16 @@ class Session:
             self._progress.tick()
         return pipeline, bgl
 
-    def _upload(self, tensors, weights):
+    def _upload(self, tensors, weights, stop):
         """Write `tensors`' weights, the largest first, on `upload_threads` threads: each write
-        copies into a fresh staging buffer of the driver's."""
+        copies into a fresh staging buffer of the driver's; none once `stop` is set (the load failed)."""
         order = sorted(tensors, key=lambda t: -weights[t["name"]].nbytes)
-        _in_background({i: (self._write_counted, t, weights[t["name"]]) for i, t in enumerate(order)},
+        _in_background({i: (self._write_counted, t, weights[t["name"]], stop) for i, t in enumerate(order)},
                        self.upload_threads)()
 
-    def _write_counted(self, t, value):
+    def _write_counted(self, t, value, stop):
+        if stop.is_set():
+            return
         self._write(t, value)
         if self._progress is not None:
             self._progress.tick()

@@ -243,3 +243,51 @@ def test_a_mapped_file_cut_short_is_refused_not_a_crash(tmp_path):
     lines = proc.stdout.splitlines()
     assert len(lines) == 2 and all(" refused: cannot read package " in line and "was cut short" in line
                                    for line in lines), proc.stdout
+
+
+INTERRUPTED = """
+import signal, sys, threading, time, zlib
+import numpy as np
+from meganeura.compiler import Builder, compile_model
+from meganeura.runtime import Session
+from meganeura.runtime import session as session_module
+
+path, big = sys.argv[1], sys.argv[2] == "big"
+b = Builder()
+x = b.input("x", (2, 3000))
+b.output("y", b.matmul(x, b.param("w", np.ones((3000, 3000), np.float32))))
+open(path, "wb").write(compile_model(b.build()))
+s = Session(None, path)
+if big:
+    session_module.BIG_UPLOAD = 0
+crc, sent = zlib.crc32, []
+
+def slow(*a):  # the rebuild's check: Ctrl-C arrives while the constructor waits for it
+    if not sent:
+        sent.append(1)
+        time.sleep(0.3)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    time.sleep(0.5)
+    return crc(*a)
+zlib.crc32 = slow
+try:
+    s.rebuild(s.device)
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted; left:", sorted(t.name for t in threading.enumerate() if t.name.startswith("meganeura-")))
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="files are mapped on POSIX only (Windows reads them)")
+@pytest.mark.parametrize("big", ["small", "big"])
+def test_an_interrupted_rebuild_leaves_no_thread_reading_the_file(big, tmp_path):
+    """Ctrl-C while a rebuild waits for its check of the mapped file: the check is stopped
+    before KeyboardInterrupt leaves the constructor (on Python 3.10-3.12 an interrupted
+    Thread.join() used to let such a thread run on unnoticed). In a child process (signals)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED, str(tmp_path / "p.mnpk"), big],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "interrupted; left: []", proc.stdout
