@@ -197,8 +197,7 @@ class Package:
             package._checking, package._fresh, package._verified = package._checks(), True, False
 
             def layout():  # the header's chunks checked (the whole blob's check is running beside)
-                n = struct.unpack_from("<Q", blob, 0)[0] if len(blob) >= 8 else 0
-                head = min(len(blob), -(-(8 + min(n, len(blob))) // ck["chunk_bytes"]) * ck["chunk_bytes"])
+                head = _header_end(blob, ck["chunk_bytes"])
                 _check_blob(blob, ck, 0, head, cancel)
                 return _weight_views(blob, _weights_layout(blob[:head], len(blob), manifest))
             package._reading = OnThread(layout)
@@ -207,15 +206,12 @@ class Package:
         def rest():
             with f:
                 # the chunks holding the safetensors header first: its offsets are checked first
-                chunk = ck["chunk_bytes"]
-                head = min(len(blob), chunk)
+                head = min(len(blob), ck["chunk_bytes"])
                 read.into(blob, start, 0, head, READ_STEP, cancel)
-                if head >= 8:  # a header longer than a chunk: the chunks up to its end
-                    (n,) = struct.unpack_from("<Q", blob, 0)
-                    more = min(len(blob), -(-(8 + min(n, len(blob))) // chunk) * chunk)
-                    if more > head:
-                        read.into(blob, start, head, more, READ_STEP, cancel)
-                        head = more
+                more = _header_end(blob, ck["chunk_bytes"])  # (a header longer than a chunk: the chunks up to its end)
+                if more > head:
+                    read.into(blob, start, head, more, READ_STEP, cancel)
+                    head = more
                 _check_blob(blob, ck, 0, head, cancel)
                 layout = _weights_layout(blob[:head], len(blob), manifest)
                 read.into(blob, start, head, len(blob), READ_STEP, cancel)
@@ -498,6 +494,13 @@ def _mapped(f, start: int, end: int, path):
     if len(whole) < end + 32:  # cut short since its head was read
         _fail(f"cannot read package {path}: the file ended at byte {len(whole)} of {end + 32} while being read")
     return memoryview(whole)[start:end]
+
+
+def _header_end(blob: memoryview, chunk: int) -> int:
+    """Where the checksum chunks holding the blob's safetensors header end (its length read from
+    the first 8 bytes, which must be in; a damaged length is caught by the chunks' check)."""
+    n = struct.unpack_from("<Q", blob, 0)[0] if len(blob) >= 8 else 0
+    return min(len(blob), -(-(8 + min(n, len(blob))) // chunk) * chunk)
 
 
 def _check_blob(blob: memoryview, ck: dict, first: int, last: int, cancel=None):

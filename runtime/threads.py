@@ -86,11 +86,11 @@ class Stoppable(OnThread):
     a stopped one leaves others of the same work alone."""
 
     def __init__(self, fn, name: str = "meganeura-read"):
-        self._stop = threading.Event()
-        super().__init__(lambda: fn(self._stop), name)
+        self.stopping = threading.Event()
+        super().__init__(lambda: fn(self.stopping), name)
 
     def stop(self) -> None:
-        self._stop.set()
+        self.stopping.set()
         self.join()
 
     def wait_unless(self, stop) -> bool:

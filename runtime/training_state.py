@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from .threads import OnThread, again
+from .threads import Stoppable, again
 from .tiers import assemble, make_bind_groups
 
 TRAINING = "train_step"
@@ -81,18 +81,17 @@ class TrainingState:
 
     def __init__(self, session, later: set, variant: str):
         self.session, self.error = session, None
-        self._cancel = threading.Event()
-        self._thread = OnThread(lambda: self._make(later, variant), name="meganeura-training")
+        self._thread = Stoppable(lambda cancel: self._make(later, variant, cancel), name="meganeura-training")
 
-    def _make(self, later, variant):
+    def _make(self, later, variant, cancel):
         s, made = self.session, {}
         try:
-            made = s._allocate(sorted(later), "the training state", self._cancel)
-            if self._cancel.is_set():  # (the Session is closing)
+            made = s._allocate(sorted(later), "the training state", cancel)
+            if cancel.is_set():  # (the Session is closing)
                 raise RuntimeError("this session was closed")
             s.buffers.fill(made)
-            forms, groups = make_bind_groups(s, variant, 1, s._groups, self._cancel, programs=(TRAINING,))
-            if self._cancel.is_set():
+            forms, groups = make_bind_groups(s, variant, 1, s._groups, cancel, programs=(TRAINING,))
+            if cancel.is_set():
                 raise RuntimeError("this session was closed")
             programs = assemble(forms, s.kernels, groups)
         except BaseException as exc:  # noqa: BLE001  (raised where the training step is asked for)
@@ -117,6 +116,5 @@ class TrainingState:
             raise again(self.error, "the training state was not made")
 
     def cancel(self) -> None:
-        self._cancel.set()
-        self._thread.join()
+        self._thread.stop()
 

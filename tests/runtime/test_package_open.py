@@ -10,6 +10,7 @@ from meganeura.runtime import Package, PackageError, Session
 from meganeura.runtime import package as package_module
 from meganeura.runtime.threads import FileReader
 
+posix_only = pytest.mark.skipif(os.name != "posix", reason="files are mapped on POSIX only (Windows reads them)")
 
 @pytest.fixture(scope="module")
 def three_chunks():
@@ -125,7 +126,7 @@ def test_a_file_and_its_bytes_are_judged_alike(tmp_path, monkeypatch):
 
 
 
-@pytest.mark.skipif(os.name != "posix", reason="files are mapped on POSIX only (Windows reads them)")
+@posix_only
 def test_a_mapped_file_replaced_or_written_into(device, three_chunks, tmp_path):
     """A Session's package maps its file: a file replaced by a rename (as `meganeura compile`
     writes one) leaves it the bytes it loaded, and its rebuild uploads them again; a file
@@ -154,7 +155,7 @@ def test_a_mapped_file_replaced_or_written_into(device, three_chunks, tmp_path):
         Package.load(path)
 
 
-@pytest.mark.skipif(os.name != "posix", reason="files are mapped on POSIX only (Windows reads them)")
+@posix_only
 def test_a_rebuild_that_fails_mid_upload_stops_its_check(device, three_chunks, tmp_path, monkeypatch):
     """A rebuild of a mapped package whose upload fails stops the check it started (no thread
     left) without spoiling the next one: a later rebuild loads and runs."""
@@ -205,21 +206,27 @@ def test_a_file_cut_short_before_it_is_mapped_is_named(tmp_path):
         package_module._mapped(f, 100, 8000, path)
 
 
+def _in_a_child(script: str, data: bytes, tmp_path, *args) -> list:
+    """`script` run by a child process (a crash or a signal there must not stop the test run)
+    with the package `data` written to its first argument; its output's lines."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "p.mnpk"
+    path.write_bytes(data)
+    proc = subprocess.run([sys.executable, "-c", script, str(path), *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip().splitlines()
+
+
 CUT_SHORT = """
-import sys
-import numpy as np
-from meganeura.compiler import Builder, compile_model
+import os, sys
 from meganeura.runtime import PackageError, Session
 
 path = sys.argv[1]
-b = Builder()
-x = b.input("x", (2, 3000))
-b.output("y", b.matmul(x, b.param("w", np.ones((3000, 3000), np.float32))))
-data = compile_model(b.build())
-open(path, "wb").write(data)
 s = Session(None, path)
 with open(path, "r+b") as f:  # cut short in place, under the Session's mapping
-    f.truncate(len(data) - (20 << 20))
+    f.truncate(os.path.getsize(path) - (20 << 20))
 for what, again in (("rebuild", lambda: s.rebuild(s.device)), ("weights", lambda: s.package.weights)):
     try:
         again()
@@ -229,34 +236,21 @@ for what, again in (("rebuild", lambda: s.rebuild(s.device)), ("weights", lambda
 """
 
 
-@pytest.mark.skipif(os.name != "posix", reason="files are mapped on POSIX only (Windows reads them)")
-def test_a_mapped_file_cut_short_is_refused_not_a_crash(tmp_path):
+@posix_only
+def test_a_mapped_file_cut_short_is_refused_not_a_crash(three_chunks, tmp_path):
     """A package file cut short in place while a Session maps it: its rebuild and its weights
-    raise PackageError instead of reading the missing pages (SIGBUS). In a child process: the
-    crash this prevents would stop the test run."""
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-c", CUT_SHORT, str(tmp_path / "p.mnpk")],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = proc.stdout.splitlines()
+    raise PackageError instead of reading the missing pages (SIGBUS)."""
+    lines = _in_a_child(CUT_SHORT, three_chunks[0], tmp_path)
     assert len(lines) == 2 and all(" refused: cannot read package " in line and "was cut short" in line
-                                   for line in lines), proc.stdout
+                                   for line in lines), lines
 
 
 INTERRUPTED = """
 import signal, sys, threading, time, zlib
-import numpy as np
-from meganeura.compiler import Builder, compile_model
 from meganeura.runtime import Session
 from meganeura.runtime import session as session_module
 
 path, big = sys.argv[1], sys.argv[2] == "big"
-b = Builder()
-x = b.input("x", (2, 3000))
-b.output("y", b.matmul(x, b.param("w", np.ones((3000, 3000), np.float32))))
-open(path, "wb").write(compile_model(b.build()))
 s = Session(None, path)
 if big:
     session_module.BIG_UPLOAD = 0
@@ -278,16 +272,10 @@ except KeyboardInterrupt:
 """
 
 
-@pytest.mark.skipif(os.name != "posix", reason="files are mapped on POSIX only (Windows reads them)")
+@posix_only
 @pytest.mark.parametrize("big", ["small", "big"])
-def test_an_interrupted_rebuild_leaves_no_thread_reading_the_file(big, tmp_path):
+def test_an_interrupted_rebuild_leaves_no_thread_reading_the_file(big, three_chunks, tmp_path):
     """Ctrl-C while a rebuild waits for its check of the mapped file: the check is stopped
     before KeyboardInterrupt leaves the constructor (on Python 3.10-3.12 an interrupted
-    Thread.join() used to let such a thread run on unnoticed). In a child process (signals)."""
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-c", INTERRUPTED, str(tmp_path / "p.mnpk"), big],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "interrupted; left: []", proc.stdout
+    Thread.join() used to let such a thread run on unnoticed)."""
+    assert _in_a_child(INTERRUPTED, three_chunks[0], tmp_path, big)[-1] == "interrupted; left: []"

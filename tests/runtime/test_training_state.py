@@ -45,9 +45,9 @@ def gate(monkeypatch):
     """TrainingState._make waits for the returned event: the training state "being made"."""
     event, real = threading.Event(), TrainingState._make
 
-    def held(self, later, variant):
+    def held(self, *args):
         event.wait(60)
-        return real(self, later, variant)
+        return real(self, *args)
     monkeypatch.setattr(TrainingState, "_make", held)
     yield event
     event.set()
@@ -96,7 +96,7 @@ def test_a_session_closed_while_its_training_state_is_made_stops_it(device, pack
     closing = threading.Thread(target=s.close, daemon=True)
     closing.start()
     end = time.monotonic() + 60
-    while not s._training._cancel.is_set():  # (cancelled before it makes anything)
+    while not s._training._thread.stopping.is_set():  # (cancelled before it makes anything)
         assert time.monotonic() < end and closing.is_alive()
         time.sleep(0.001)
     gate.set()
