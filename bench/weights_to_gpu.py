@@ -2,10 +2,12 @@
 processes, side by side: a package's weights blob is a safetensors file, so PyTorch loads those
 very bytes (`safetensors.torch.load_file(device="cuda")`, its CUDA context made first, as a
 game's device is) while meganeura makes a whole Session of the package (`quick_start=True`, its
-driver warmed as in first_launch_timeline.py, the shader cache empty): every pipeline compiled,
-the weights checked and written. `weights_on_gpu_s` adds the wait until the GPU has copied them
-(a 4-byte readback: the first run of a Session waits so). The file is in the page cache for both
-(compiled just before, read once for PyTorch).
+driver warmed as in first_launch_timeline.py, the shader cache empty): the quick tier's
+pipelines compiled, the weights checked and written (`session_s`). `weights_on_gpu_s` is when a
+4-byte readback after it returns (the first run of a Session waits so): an upper bound on when
+the GPU has copied the weights, as a training package's training state and the tuned tier are
+being made beside it. Both read from the page cache: the package was just compiled and written,
+the blob just written out of it (and synced). The two alternate which goes first each round.
 
     python bench/weights_to_gpu.py [--only SD-1.5] [--repeat 3] [--out DIR]
 """
@@ -21,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+CHILD_TIMEOUT_S = 600  # (a child that hangs on a driver stops the run)
+
 
 def torch_child(weights: str) -> dict:
     import safetensors.torch
@@ -32,7 +36,8 @@ def torch_child(weights: str) -> dict:
     tensors = safetensors.torch.load_file(weights, device="cuda")
     torch.cuda.synchronize()
     return {"weights_on_gpu_s": round(time.perf_counter() - t, 4), "tensors": len(tensors),
-            "bytes": sum(v.numel() * v.element_size() for v in tensors.values()), "torch": torch.__version__}
+            "bytes": sum(v.numel() * v.element_size() for v in tensors.values()), "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name()}
 
 
 def meganeura_child(package: str) -> dict:
@@ -51,7 +56,11 @@ def meganeura_child(package: str) -> dict:
     device.queue.read_buffer(s.buffers[weights], 0, 4)  # (a submit and a wait: every write before it copied)
     on_gpu = time.perf_counter() - t
     s.close()
-    return {"session_s": round(session_s, 4), "weights_on_gpu_s": round(on_gpu, 4)}
+    import wgpu
+
+    info = device.adapter.info
+    return {"session_s": round(session_s, 4), "weights_on_gpu_s": round(on_gpu, 4), "wgpu": wgpu.__version__,
+            "adapter": info.get("device", ""), "driver": info.get("description", "")}
 
 
 def main(argv=None):
@@ -68,33 +77,50 @@ def main(argv=None):
     sys.path.insert(0, str(Path(__file__).parent))
     from load_profile import compiled_packages
 
-    rows = []
-    for name, path in compiled_packages(args.only):
-        blob = Path(path).with_suffix(".safetensors")
-        with open(path, "rb") as f:  # (docs/PACKAGE.md: magic, version, manifest length, manifest, blob length, blob, sha256)
-            data = f.read()
-        (man_len,) = struct.unpack_from("<Q", data, 12)
-        (blob_len,) = struct.unpack_from("<Q", data, 20 + man_len)
-        blob.write_bytes(data[28 + man_len:28 + man_len + blob_len])
-        del data
-        try:
-            for r in range(args.repeat):
-                for who, flag, target in (("torch", "--torch-child", blob), ("meganeura", "--meganeura-child", path)):
-                    with tempfile.TemporaryDirectory() as cache:
-                        env = dict(os.environ, __GL_SHADER_DISK_CACHE_PATH=cache)
-                        out = subprocess.run([sys.executable, __file__, flag, str(target)], env=env,
-                                             capture_output=True, text=True)
-                    if out.returncode:
-                        print(out.stderr[-3000:], file=sys.stderr)
-                        raise SystemExit(f"{name}: the {who} child failed")
-                    row = {"workload": name, "who": who, "run": r, **json.loads(out.stdout.splitlines()[-1])}
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
-        finally:
-            blob.unlink()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "weights_to_gpu.json").write_text(json.dumps(rows, indent=1))
+    rows = []
+    try:
+        for name, path in compiled_packages(args.only):
+            blob = Path(path).with_suffix(".safetensors")
+            _write_blob(path, blob)
+            try:
+                for r in range(args.repeat):
+                    pair = [("torch", "--torch-child", blob), ("meganeura", "--meganeura-child", path)]
+                    for who, flag, target in pair[::1 if r % 2 == 0 else -1]:
+                        with tempfile.TemporaryDirectory() as cache:
+                            env = dict(os.environ, __GL_SHADER_DISK_CACHE_PATH=cache)
+                            done = subprocess.run([sys.executable, __file__, flag, str(target)], env=env,
+                                                  capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+                        if done.returncode:
+                            print(done.stderr[-3000:], file=sys.stderr)
+                            raise SystemExit(f"{name}: the {who} child failed")
+                        row = {"workload": name, "who": who, "run": r, **json.loads(done.stdout.splitlines()[-1])}
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
+            finally:
+                blob.unlink()
+    finally:  # (what was measured is kept, whatever stopped the rest)
+        (out / "weights_to_gpu.json").write_text(json.dumps(
+            {"command": " ".join([Path(__file__).name, *(argv if argv is not None else sys.argv[1:])]), "rows": rows},
+            indent=1))
+
+
+def _write_blob(package: Path, blob: Path) -> None:
+    """The package's weights blob (docs/PACKAGE.md: magic, u32 version, u64 manifest length, the
+    manifest, u64 blob length, the blob, a 32-byte sha256) to its own file, synced."""
+    with open(package, "rb") as f:
+        data = f.read()
+    if data[:8] != b"MNPK\r\n\x1a\n":
+        raise SystemExit(f"{package}: not a meganeura package")
+    (man_len,) = struct.unpack_from("<Q", data, 12)
+    (blob_len,) = struct.unpack_from("<Q", data, 20 + man_len)
+    if 28 + man_len + blob_len + 32 != len(data):
+        raise SystemExit(f"{package}: its lengths do not add up to its {len(data)} bytes")
+    with open(blob, "wb") as f:
+        f.write(memoryview(data)[28 + man_len:28 + man_len + blob_len])
+        f.flush()
+        os.fsync(f.fileno())
 
 
 if __name__ == "__main__":
