@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -107,21 +106,20 @@ def main(argv=None):
 
 
 def _write_blob(package: Path, blob: Path) -> None:
-    """The package's weights blob (docs/PACKAGE.md: magic, u32 version, u64 manifest length, the
-    manifest, u64 blob length, the blob, a 32-byte sha256) to its own file, synced."""
-    with open(package, "rb") as f:
-        data = f.read()
-    if data[:8] != b"MNPK\r\n\x1a\n":
-        raise SystemExit(f"{package}: not a meganeura package")
-    (man_len,) = struct.unpack_from("<Q", data, 12)
-    (blob_len,) = struct.unpack_from("<Q", data, 20 + man_len)
-    if 28 + man_len + blob_len + 32 != len(data):
-        raise SystemExit(f"{package}: its lengths do not add up to its {len(data)} bytes")
-    with open(blob, "wb") as f:
-        f.write(memoryview(data)[28 + man_len:28 + man_len + blob_len])
-        f.flush()
-        os.fsync(f.fileno())
+    """The package's weights blob (a safetensors file) to its own file, synced; where it lies in
+    the package, from the runtime's own reading of its head (checked as a Session checks it)."""
+    from meganeura.runtime.package import _head
 
+    with open(package, "rb") as f, open(blob, "wb") as out:
+        def read(a, b):
+            f.seek(a)
+            return f.read(b - a)
+        _, start, end = _head(read, os.fstat(f.fileno()).st_size)
+        f.seek(start)
+        for at in range(start, end, 64 << 20):  # (in pieces: a package can be gigabytes)
+            out.write(f.read(min(64 << 20, end - at)))
+        out.flush()
+        os.fsync(out.fileno())
 
 if __name__ == "__main__":
     main()

@@ -53,6 +53,11 @@ def as_variant(d: dict, variant: str) -> dict:
     return d if v is None else {**d, "kernel": v["kernel"], "workgroups": v["workgroups"], "lifted": v.get("lifted")}
 
 
+def tensor_bytes(t: dict) -> int:
+    """A manifest tensor's size in bytes (Python ints: no wrap-around, whatever its shape)."""
+    return math.prod(t["shape"]) * np.dtype(DTYPES[t["dtype"]]).itemsize
+
+
 def kernels_of(manifest: dict, variant: str) -> set:
     """The kernels a device running `variant` makes pipelines of."""
     return {as_variant(d, variant)["kernel"] for p in manifest["programs"].values() for d in p["dispatches"]}
@@ -89,9 +94,10 @@ class Package:
         no check reads the file behind a call that failed); the weights are verified if it is
         still the latest check."""
         try:
-            if stop is not None and not checks.wait_unless(stop):
+            if stop is None:
+                checks.wait()
+            elif not checks.wait_unless(stop):
                 return
-            checks.wait()
         except BaseException:
             checks.stop()
             raise
@@ -293,7 +299,7 @@ def validate_manifest(m) -> None:
             _fail(f"{w}.dtype: only parameters are stored in f16, not {role} tensors")
         shape = _list(_key(t, "shape", w), f"{w}.shape", 8)
         _ints(shape, f"{w}.shape", 0, 1 << 32)
-        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(DTYPES[t["dtype"]]).itemsize
+        size = tensor_bytes(t)
         b = _int(_key(t, "buffer", w), f"{w}.buffer", 0, nbuf - 1 if nbuf else -1)
         offset = _int(t.get("offset", 0), f"{w}.offset")
         if offset % OFFSET_ALIGN:

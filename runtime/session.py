@@ -7,7 +7,6 @@ its own command encoder, between its render passes.
 """
 from __future__ import annotations
 
-import math
 import os
 import threading
 from contextlib import contextmanager
@@ -22,7 +21,7 @@ from .errors import DeviceLostError, GPUOutOfMemoryError
 from .inputs import coerce, fits, pad, rows
 from .lifted_sizes import sizes_buffer, slice_bytes
 from .loading import SWITCH_INTERVAL, LoadingSession, default_threads
-from .package import DTYPES, QUICK, Package, PackageError, as_variant, kernels_of
+from .package import DTYPES, QUICK, Package, PackageError, as_variant, kernels_of, tensor_bytes
 from .threads import OnThread, in_background
 from .tiers import TunedTier, assemble, longest_first, make_bind_groups
 from .training_state import TRAINING, Buffers, TrainingState, deferred_buffers
@@ -129,7 +128,7 @@ class Session:
         # from BIG_UPLOAD bytes of weights, on a thread from the start: their upload ends the load
         # (H200, one host: SD-1.5 0.80 / 0.84 -> 0.65 / 0.65 s); for smaller ones on this thread
         # once the compiles are queued (these end their load, and started 10-20 ms later beside it)
-        big = sum(math.prod(t["shape"]) * np.dtype(DTYPES[t["dtype"]]).itemsize for t in uploads) >= BIG_UPLOAD
+        big = sum(tensor_bytes(t) for t in uploads) >= BIG_UPLOAD
         self.upload_threads = UPLOAD_THREADS * (2 if big and _progress is None else 1)  # (the benchmarks record it)
         filled = OnThread(buffers_and_weights, "meganeura-upload") if big else None
         try:
