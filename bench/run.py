@@ -74,6 +74,7 @@ EXPERIMENTS = {
     "--flat-tiles": ("codegen_gemm", ("GEMM_PLAN", "tiles_2d"), False,
                      "GEMM tiles indexed k * groups + group, not [k][group] (the bounds checks' clamps in the inner loop)"),
     "--no-lift-sizes": ("lift_sizes", "ENABLED", False, "each size variant of a kernel a kernel of its own"),
+    "--no-merge-quick": ("merge_quick", "ENABLED", False, "each quick-tier kernel a pipeline of its own (not merged)"),
     "--no-split-groups": ("codegen_gemm", ("GEMM_PLAN", "split_groups"), False,
                           "128-tiles' rows typed [group], not [half][thread] (nor k by quads)"),
     "--big-bk": ("codegen_gemm", ("GEMM_PLAN", "big_bk"), None, "128-tile matmuls' K step (16 or 8)"),

@@ -13,7 +13,7 @@ import struct
 import msgpack
 import numpy as np
 
-from . import arenas, lift_sizes
+from . import arenas, lift_sizes, merge_quick
 from . import blob as blobs  # (blobs.CHUNK read at write time: tests vary it)
 from ..runtime.package import DTYPES, FORMAT_NAME, FORMAT_VERSION, MAGIC, QUICK
 from .codegen import WG, KernelCode, generate, grid
@@ -221,8 +221,8 @@ class PackageBuilder:
     def write(self, meta: dict) -> bytes:
         blob = self._early if self._early is not None and self._early.same(self.blob) else blobs.Blob(self.blob)
         persistent = sum(self.buffers[b] for b in {t["buffer"] for t in self.tensors if t["role"] != "output"})
-        # size variants as one kernel; the quick tier's kernels lifted further first
-        kernels, programs = lift_sizes.lift(*lift_sizes.quick_tier(self.kernels, self.programs))
+        # size variants as one kernel; the quick tier's kernels lifted further first, then merged into fewer pipelines
+        kernels, programs = merge_quick.merge(*lift_sizes.lift(*lift_sizes.quick_tier(self.kernels, self.programs)))
         manifest = {
             "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "compiler_version": self.version,
             "requires": {"features": [], "limits": {

@@ -67,3 +67,22 @@ def cnn_with_size_variants():
     b.output("y", h)
     return b.build(), {"x": rng.standard_normal((2, 3, 12, 12)).astype(np.float32),
                        "labels": rng.standard_normal((2, 5)).astype(np.float32)}
+
+
+@pytest.fixture
+def hold_tuned(monkeypatch):
+    """An event the tuned tier's compiles (Session._pipeline(..., counted=False)) wait for; set
+    when the test ends, whatever happened, so that no compile thread outlives it."""
+    import threading
+
+    from meganeura.runtime import Session
+
+    gate, real = threading.Event(), Session._pipeline
+
+    def held(self, i, k, counted=True):
+        if not counted:
+            assert gate.wait(60)
+        return real(self, i, k, counted)
+    monkeypatch.setattr(Session, "_pipeline", held)
+    yield gate
+    gate.set()

@@ -18,21 +18,6 @@ def cnn(cnn_with_size_variants):
     return model, inputs, Package.from_bytes(compile_model(model, CONFIG))
 
 
-@pytest.fixture
-def hold_tuned(monkeypatch):
-    """An event the tuned tier's compiles (Session._pipeline(..., counted=False)) wait for; set
-    when the test ends, whatever happened, so that no compile thread outlives it."""
-    gate, real = threading.Event(), Session._pipeline
-
-    def held(self, i, k, counted=True):
-        if not counted:
-            assert gate.wait(60)
-        return real(self, i, k, counted)
-    monkeypatch.setattr(Session, "_pipeline", held)
-    yield gate
-    gate.set()
-
-
 def _steps(session, inputs, n=3):
     return [float(session.run("train_step", inputs)["loss"]) for _ in range(n)]
 

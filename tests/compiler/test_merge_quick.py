@@ -1,0 +1,135 @@
+"""compiler/merge_quick.py: the quick tier's kernels that bind alike share pipelines, a lifted
+selector picking each dispatch's member; the quick tier computes what it did unmerged."""
+import re
+
+import numpy as np
+import pytest
+from meganeura.compiler import TrainConfig, compile_model, merge_quick
+from meganeura.runtime import Package, Session
+from meganeura.runtime.package import QUICK, kernels_of
+from meganeura.runtime.workgroup_memory import workgroup_bytes
+
+CONFIG = TrainConfig(loss="mse", optimizer="adamw", lr=1e-2)
+
+
+def _package(model, merged, monkeypatch):
+    monkeypatch.setattr(merge_quick, "ENABLED", merged)
+    return Package.from_bytes(compile_model(model, CONFIG))
+
+
+def _kernel(wgsl, access=("read", "read_write"), lifted=0, label="k"):
+    return {"label": label, "wgsl": wgsl, "entry": "main", "workgroup_size": [64, 1, 1], "access": list(access),
+            "sha256": "", **({"lifted": lifted} if lifted else {})}
+
+
+SCALE = """@group(0) @binding(2) var<uniform> mn_sizes: array<vec4<u32>, 1>;
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+fn f(v: f32) -> f32 { return v * {{SCALE}}; }
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x >= mn_sizes[0u][0u]) { return; }
+    y[gid.x] = f(x[gid.x]);
+}
+"""
+SUM = """@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read_write> f: array<f32>;
+var<workgroup> part: array<f32, {{N}}>;
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    part[lid] = a[wg.x * 64u + lid];
+    workgroupBarrier();
+    if (lid == 0u) {
+        var s = 0.0;
+        for (var i = 0u; i < 64u; i = i + 1u) { s = s + part[i]; }
+        f[wg.x] = s;
+    }
+}
+"""
+
+
+def _programs(kernels):
+    """One quick-only dispatch per kernel, after a tuned kernel of its own (index len + i)."""
+    return {"infer": {"dispatches": [
+        {"kernel": len(kernels) + i, "buffers": [0, 1], "workgroups": [1, 1, 1],
+         "variants": {QUICK: {"kernel": i, "workgroups": [1, 1, 1], **({"lifted": [7] * k["lifted"]} if k.get("lifted") else {})}}}
+        for i, k in enumerate(kernels)]}}
+
+
+def test_members_keep_their_own_names_and_a_selector_picks_each():
+    kernels = [_kernel(SCALE.replace("{{SCALE}}", "2.0"), lifted=1, label="scale"),
+               _kernel(SUM.replace("{{N}}", "64"), label="sum"), _kernel(SUM.replace("{{N}}", "64") + "\n", label="sum2")]
+    tuned = [_kernel(SUM.replace("{{N}}", "64") + f"// tuned {i}\n") for i in range(3)]
+    new, programs = merge_quick.merge(kernels + tuned, _programs(kernels))
+    assert len(new) == 4  # one merged kernel and the three tuned ones
+    merged = next(k for k in new if "merged" in k["label"])
+    text = merged["wgsl"]
+    assert merged["lifted"] == 2 and "switch mn_sizes[0u][1u]" in text  # after the longest member's sizes
+    assert text.count("var<workgroup>") == 1  # declared alike: shared (one member runs per dispatch)
+    assert re.search(r"fn mnq\d_f\(", text)  # a helper and a binding both named f, renamed apart
+    assert "mn_b1[wg.x] = s" in text and "mn_b0[gid.x]" in text
+    for j, d in enumerate(programs["infer"]["dispatches"]):
+        v = d["variants"][QUICK]
+        assert new[v["kernel"]] is merged and len(v["lifted"]) == 2
+        member = v["lifted"][-1]
+        assert f"case {member}u:" in text
+    assert sorted(d["variants"][QUICK]["lifted"][-1] for d in programs["infer"]["dispatches"]) == [0, 1, 2]
+    assert programs["infer"]["dispatches"][0]["variants"][QUICK]["lifted"][0] == 7  # its own size kept in place
+
+
+def test_what_it_cannot_rename_or_fit_stays_alone(monkeypatch):
+    kernels = [_kernel("enable f16;\n" + SUM.replace("{{N}}", "64")),  # a directive: not merged
+               _kernel(SUM.replace("{{N}}", "2048").replace("part", "big")),  # 8 KiB + 8 KiB > ...
+               _kernel(SUM.replace("{{N}}", "2048").replace("part", "big2"))]
+    monkeypatch.setattr(merge_quick, "WORKGROUP_BYTES", 12 << 10)  # ... 12 KiB: apart
+    tuned = [_kernel(SUM.replace("{{N}}", "64") + f"// tuned {i}\n") for i in range(3)]
+    new, programs = merge_quick.merge(kernels + tuned, _programs(kernels))
+    assert new == kernels + tuned
+    monkeypatch.setattr(merge_quick, "WORKGROUP_BYTES", 16 << 10)
+    new, _ = merge_quick.merge(kernels + tuned, _programs(kernels))
+    assert len(new) == 5 and workgroup_bytes(next(k for k in new if "merged" in k["label"])["wgsl"]) == 16 << 10
+
+
+def test_a_kernel_another_tier_runs_is_not_merged():
+    kernels = [_kernel(SUM.replace("{{N}}", "64")), _kernel(SUM.replace("{{N}}", "64") + "\n")]
+    programs = _programs(kernels)
+    programs["infer"]["dispatches"][0]["kernel"] = 0  # the tuned tier runs kernel 0 too
+    new, _ = merge_quick.merge(kernels + [_kernel(SUM.replace("{{N}}", "64") + "// t\n")] * 2, programs)
+    assert not any("merged" in k["label"] for k in new)
+
+
+def test_the_merged_quick_tier_trains_as_it_did_unmerged(device, hold_tuned, cnn_with_size_variants, monkeypatch):
+    model, inputs = cnn_with_size_variants
+    plain, merged = _package(model, False, monkeypatch), _package(model, True, monkeypatch)
+    m = merged.manifest
+    quick = kernels_of(m, QUICK)
+    joined = [i for i in quick if "merged" in m["kernels"][i]["label"]]
+    assert joined and len(quick) < len(kernels_of(plain.manifest, QUICK))
+    for i in joined:  # merged kernels serve quick variants only, and hold at most MERGE_CHARS of members
+        k = m["kernels"][i]
+        assert not any(d["kernel"] == i for p in m["programs"].values() for d in p["dispatches"])
+        assert k["wgsl"].count("    case ") >= 2 and len(k["wgsl"]) < merge_quick.MERGE_CHARS + 4000
+    losses, sessions = [], [Session(device, pkg, device_class="gpu", quick_start=True) for pkg in (plain, merged)]
+    for s in sessions:
+        assert s.tier == "quick"
+        out = s.run("infer", {"x": inputs["x"]})["y"]
+        losses.append(([float(s.run("train_step", inputs)["loss"]) for _ in range(3)], out, s.weights()))
+        assert s.tier == "quick"  # (every step ran on it)
+    hold_tuned.set()  # (before close(), which waits for the tuned compiles under way)
+    for s in sessions:
+        s.close()
+    (want_losses, want_out, want_w), (got_losses, got_out, got_w) = losses
+    # the same statements in the same order: bit-identical (on the H200, SD-1.5's noise prediction too)
+    np.testing.assert_array_equal(got_out, want_out)
+    np.testing.assert_array_equal(got_losses, want_losses)
+    for name, w in want_w.items():
+        np.testing.assert_array_equal(got_w[name], w, err_msg=name)
+
+
+@pytest.mark.parametrize("per_bin, bins", [(0, 5), (2, 3), (5, 1)])
+def test_bins_hold_at_most_merge_chars(per_bin, bins, monkeypatch):
+    kernels = [_kernel(SUM.replace("{{N}}", "64") + "\n" * i) for i in range(5)]
+    monkeypatch.setattr(merge_quick, "MERGE_CHARS", per_bin * len(kernels[-1]["wgsl"]))
+    got = merge_quick._bins(list(range(5)), kernels)
+    assert sorted(i for b in got for i in b) == list(range(5)) and len(got) == bins
+    assert all(len(b) == 1 or sum(len(kernels[i]["wgsl"]) for i in b) <= merge_quick.MERGE_CHARS for b in got)
