@@ -37,7 +37,7 @@ _LITERAL = re.compile(r"(?<![\w.])(\d+)u\b")
 # an f32 constant as wgsl.f32_literal writes it: the quick tier reads it as bits (bitcast<f32>)
 _F32_LITERAL = re.compile(r"\bf32\((-?(?:\d+\.\d*|\d+)(?:e[-+]?\d+)?)\)")
 _I32_LITERAL = re.compile(r"(?<![\w.])(\d+)i\b")  # a typed i32 literal (wgsl.i32_literal): i32(...) of one
-_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 # (a module-scope var<private>'s initializer must be a constant expression too)
 _CONST_STMT = re.compile(r"\b(?:const|const_assert|override|var\s*<\s*private\s*>)[^;]*;")
 _ATTRIBUTE = re.compile(r"@\w+\s*\([^)]*\)")
@@ -49,7 +49,7 @@ _PRIVATE_ARRAY = re.compile(r"\b(?:var|let)\b(?:<(?:private|function)>)?\s+\w+\s
                             r"|\bstruct\s+\w+\s*\{[^}]*\barray\b")
 
 
-def _closing(code: str, i: int, opening: str, closing: str) -> int:
+def bracket_end(code: str, i: int, opening: str, closing: str) -> int:
     """The index just past the bracket closing the one before `i` (parentheses inside skipped)."""
     depth, parens = 1, 0
     while i < len(code) and depth:
@@ -71,16 +71,16 @@ def _fixed(code: str, divisors: bool = True) -> list:
     a shift; by a uniform, a long sequence)."""
     spans = [m.span() for rx in (_CONST_STMT, _ATTRIBUTE, _CASE) for m in rx.finditer(code)]
     for m in re.finditer(r"\barray\s*<", code):
-        spans.append((m.start(), _closing(code, m.end(), "<", ">")))
+        spans.append((m.start(), bracket_end(code, m.end(), "<", ">")))
     for m in _DIVIDES.finditer(code) if divisors else ():
         i = m.end()
         if code.startswith("(", i):
-            spans.append((i, _closing(code, i + 1, "(", ")")))
+            spans.append((i, bracket_end(code, i + 1, "(", ")")))
         else:  # a name or literal, maybe indexed or called: up to the next operator or delimiter
             word = re.match(r"(?:-\s*)?[\w.]+(?:\s*[\[(])?", code[i:])  # (a negative divisor too)
             end = i + (word.end() if word else 0)
             if word and code[end - 1] in "[(":
-                end = _closing(code, end, code[end - 1], "]" if code[end - 1] == "[" else ")")
+                end = bracket_end(code, end, code[end - 1], "]" if code[end - 1] == "[" else ")")
             spans.append((i, end))
     return spans
 
@@ -94,7 +94,7 @@ def skeleton(code: str, quick: bool = False):
     slices' offsets; the value is the digits, a minus stays in the text)."""
     if NAME in code or (FIXED in code and not quick):  # (NAME: lifted already)
         return None
-    text = _COMMENT.sub("", code)
+    text = COMMENT.sub("", code)
     if _PRIVATE_ARRAY.search(text) and not (quick and LOOPED in code):
         return None
     if quick:
@@ -186,7 +186,7 @@ def _inline_constants(text: str) -> str:
     return uses.sub(lambda m: values[m.group(1)] + "u", text)
 
 
-def _each_entry(programs: dict, moved) -> dict:
+def each_entry(programs: dict, moved) -> dict:
     """`programs` with moved(entry) for every dispatch and every variant of one."""
     return {name: {**p, "dispatches": [
         {**moved(d), **({"variants": {c: moved(v) for c, v in d["variants"].items()}} if "variants" in d else {})}
@@ -223,7 +223,7 @@ def lift(kernels: list, programs: dict) -> tuple:
     def moved(entry):
         k, values = remap.get(entry["kernel"], (entry["kernel"], None))
         return {**entry, "kernel": index[k], **({"lifted": values} if values is not None else {})}
-    return [new_kernels[i] for i in kept], _each_entry(programs, moved)
+    return [new_kernels[i] for i in kept], each_entry(programs, moved)
 
 
 def quick_tier(kernels: list, programs: dict) -> tuple:
@@ -271,4 +271,4 @@ def quick_tier(kernels: list, programs: dict) -> tuple:
 
     def moved(e):
         return {**e, "kernel": index[e["kernel"]]}
-    return [new_kernels[i] for i in named], _each_entry(programs, moved)
+    return [new_kernels[i] for i in named], each_entry(programs, moved)

@@ -1,9 +1,9 @@
 """The quick tier's kernels merged into fewer pipelines: one text holds several kernels that bind
 the same buffers the same way, and a lifted value (the selector) picks which one a dispatch runs.
 
-NVIDIA's driver spends ~10-15 ms on any pipeline, small or not, before the kernel's own code
-(SD-1.5's first tier: 113 pipelines, 3.0 s of driver time one at a time, ~6 s of thread time
-beside a first launch's other work). A merged kernel pays that once for several. Each member's
+NVIDIA's driver spends 5 ms or more on any pipeline, however small, before the kernel's own code:
+SD-1.5's first tier as 113 pipelines took 1.83 s of driver time one at a time, as 60 merged ones
+1.45 s (7 ms less for each pipeline merged away; H200, session 19). A merged kernel pays that once for several. Each member's
 entry function is written inline in one `case` of a switch on the selector (a uniform: the
 dispatch takes one branch, and a member's barriers stay in uniform control flow); its other
 module-scope names get a prefix of their own, its storage bindings' names the merged kernel's,
@@ -19,7 +19,7 @@ import re
 from ..runtime.package import MAX_LIFTED, QUICK
 from ..runtime.workgroup_memory import workgroup_bytes
 from . import wgsl
-from .lift_sizes import _COMMENT, NAME, _closing, _each_entry
+from .lift_sizes import COMMENT, NAME, bracket_end, each_entry
 
 ENABLED = True  # bench/run.py --no-merge-quick
 MERGE_CHARS = 12000  # most WGSL characters of members in one merged kernel
@@ -30,6 +30,8 @@ _BINDING = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<(storage|uniform)(
 _WORKGROUP = re.compile(r"var<workgroup>\s*(\w+)\s*:\s*([^;]+);")
 _NAMED = re.compile(r"(?:fn|const)\s+(\w+)")
 _BRACE = re.compile(r"[{}]")
+# a type whose sizes are literals (a type naming a constant would name it before it is renamed)
+_LITERAL_TYPE = re.compile(r"(?:array|vec[234]|mat[234]x[234]|atomic|f32|f16|u32|i32|bool|\d+u?|[<>,\s])+")
 _BUILTIN = re.compile(r"@builtin\((\w+)\)\s*(\w+)\s*:\s*([\w<>]+)")
 
 
@@ -65,7 +67,7 @@ def _parse(k: dict):
     declarations, [(builtin, name, type)] of the entry, the entry's body, names to rename), or
     None for a kernel this cannot merge."""
     try:
-        items = _items(_COMMENT.sub("", k["wgsl"]))
+        items = _items(COMMENT.sub("", k["wgsl"]))
     except ValueError:
         return None
     bindings, workgroup, others, entry, names = {}, {}, [], None, {}
@@ -74,17 +76,21 @@ def _parse(k: dict):
         w = _WORKGROUP.fullmatch(item.strip())
         bare = item[_ATTRS.match(item).end():]
         if b and b.group(2) == "storage":
+            if not _LITERAL_TYPE.fullmatch(b.group(5).strip()):
+                return None
             bindings[int(b.group(1))] = (b.group(3).strip(", "), b.group(5).strip())
             names[b.group(4)] = f"mn_b{b.group(1)}"
         elif b and b.group(4) == NAME:
             continue  # declared again, as long as the longest member's and the selector need
         elif w:
+            if not _LITERAL_TYPE.fullmatch(w.group(2).strip()):
+                return None
             workgroup[w.group(1)] = w.group(2).strip()
         elif bare.startswith("fn") and "@compute" in item:
             head = re.match(rf"fn\s+{re.escape(k['entry'])}\s*\(", bare)
             if head is None or entry is not None:
                 return None
-            close = _closing(bare, head.end(), "(", ")")
+            close = bracket_end(bare, head.end(), "(", ")")
             params = _BUILTIN.findall(bare[head.end():close])
             if bare[head.end():close].count(":") != len(params):
                 return None  # a parameter that is not a builtin
@@ -95,7 +101,7 @@ def _parse(k: dict):
             others.append(item)
         else:
             return None  # enable, struct, override...: left alone
-    if entry is None or len(bindings) != len(k["access"]):
+    if entry is None or sorted(bindings) != list(range(len(k["access"]))):
         return None
     return bindings, workgroup, others, entry, names
 
@@ -112,6 +118,7 @@ def merged_kernel(members: list, parsed: list) -> tuple:
     """(one kernel for `members` (kernels binding alike), the selector's index among its lifted
     values): member j runs where the selector is j."""
     lifted = max(k.get("lifted", 0) for k in members)
+    labels = [k.get("label", "").removesuffix(f" ({QUICK})") for k in members]
     shared = {}  # (name, type) of a workgroup variable -> its name in the merged kernel
     decls, cases, builtins = [], [], {}
     for j, (k, (bindings, workgroup, others, (params, body), names)) in enumerate(zip(members, parsed)):
@@ -131,12 +138,12 @@ def merged_kernel(members: list, parsed: list) -> tuple:
                         for i, (a, ty) in sorted(bindings.items()))
     ws = members[0]["workgroup_size"]
     text = wgsl.render(
-        "merged", MEMBERS=str(len(members)), LABELS=", ".join(k.get("label", "") for k in members),
+        "merged", MEMBERS=str(len(members)), LABELS=" ".join(", ".join(labels).split()),
         SIZES=f"@group(0) @binding({len(bindings)}) var<uniform> {NAME}: array<vec4<u32>, {lifted // 4 + 1}>;",
         STORAGE=storage, DECLS="\n".join(decls), WORKGROUP_SIZE=", ".join(map(str, ws)),
         PARAMS=", ".join(f"@builtin({b}) mn_{b}: {ty}" for b, ty in sorted(builtins.items())),
         SELECTOR=f"{NAME}[{lifted // 4}u][{lifted % 4}u]", CASES="\n".join(cases))
-    label = f"{len(members)} kernels (merged, {QUICK})"
+    label = "merged: " + " ".join(" + ".join(dict.fromkeys(labels))[:200].split()) + f" ({QUICK})"
     kernel = {**members[0], "label": label, "wgsl": text, "entry": "main", "lifted": lifted + 1,
               "sha256": hashlib.sha256(text.encode()).hexdigest()}
     return kernel, lifted
@@ -148,7 +155,7 @@ def _bins(group: list, kernels: list) -> list:
     bins = []
     for i in sorted(group, key=lambda i: -len(kernels[i]["wgsl"])):
         size = len(kernels[i]["wgsl"])
-        fit = next((b for b in bins if b[0] + size <= MERGE_CHARS and len(b[1]) < MAX_LIFTED), None)
+        fit = next((b for b in bins if b[0] + size <= MERGE_CHARS), None)
         if fit is None:
             bins.append([size, [i]])
         else:
@@ -180,8 +187,8 @@ def merge(kernels: list, programs: dict) -> tuple:
             if len(members) < 2:
                 continue
             kernel, slot = merged_kernel([kernels[i] for i in members], [parsed[i] for i in members])
-            if (workgroup_bytes(kernel["wgsl"]) or 0) > max(WORKGROUP_BYTES, *(
-                    workgroup_bytes(kernels[i]["wgsl"]) or 0 for i in members)):
+            need = workgroup_bytes(kernel["wgsl"])  # (a bin over it stays apart: members that each use much of it)
+            if need is None or need > max(WORKGROUP_BYTES, *(workgroup_bytes(kernels[i]["wgsl"]) or 0 for i in members)):
                 continue
             new_kernels.append(kernel)
             remap.update((i, (len(new_kernels) - 1, slot, j)) for j, i in enumerate(members))
@@ -200,4 +207,4 @@ def merge(kernels: list, programs: dict) -> tuple:
     named = sorted({e["kernel"] for p in programs.values() for d in p["dispatches"]
                     for e in (d, *d.get("variants", {}).values())})
     index = {old: new for new, old in enumerate(named)}
-    return [new_kernels[i] for i in named], _each_entry(programs, lambda e: {**e, "kernel": index[e["kernel"]]})
+    return [new_kernels[i] for i in named], each_entry(programs, lambda e: {**e, "kernel": index[e["kernel"]]})
