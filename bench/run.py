@@ -121,7 +121,8 @@ def _load_settings() -> dict:
     from meganeura.runtime import session
 
     cache = os.environ.get("__GL_SHADER_DISK_CACHE_PATH")
-    return {"load_threads": session.LOAD_THREADS, "upload_threads": session.UPLOAD_THREADS,
+    return {"load_threads": session.LOAD_THREADS, "big_load_threads": session.BIG_LOAD_THREADS,
+            "upload_threads": session.UPLOAD_THREADS,
             "upload_threads_from_bytes": [2 * session.UPLOAD_THREADS, session.BIG_UPLOAD],
             "shader_cache_empty_at_start": bool(cache) and os.path.isdir(cache) and not os.listdir(cache)}
 

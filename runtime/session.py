@@ -35,6 +35,9 @@ UPLOAD_THREADS, BIG_UPLOAD = 4, 1 << 30
 # background load: worst frame 48-50 -> 22-24 ms, blocking loads no slower)
 BIND_GROUP_THREADS = 1
 LOAD_THREADS = 16  # most threads compiling pipelines at load (NVIDIA: ~15 ms of driver time each, cold)
+# beside a gigabyte of weights' upload (which then ends the load), fewer: cores left to the upload (H200,
+# SD-1.5, two calls: 0.47-0.62 s, median 0.54, against 0.49-0.69, median 0.57 on 16; faster in 10 of 12 rounds)
+BIG_LOAD_THREADS = 12
 SKIPPED = "optimizer.skipped_steps"  # state counter of training steps rejected for NaN/inf
 
 
@@ -134,7 +137,8 @@ class Session:
         try:
             for i in used | tuned:
                 self._layout(m["kernels"][i])  # shared by kernels: made here, not in the threads
-            threads = None if _progress is None else min(_progress.threads, LOAD_THREADS)  # (a background load's)
+            threads = (min(BIG_LOAD_THREADS, LOAD_THREADS) if big and len(todo) > 8 else None) if _progress is None \
+                else min(_progress.threads, LOAD_THREADS)  # (a background load's)
             pipelines = _in_background({i: (self._pipeline, i, k) for i, k in longest_first(todo)}, threads)
             groups = OnThread(lambda: make_bind_groups(self, first_variant, BIND_GROUP_THREADS, {}, stop, allocated,
                                                        first_programs), "meganeura-bind")
