@@ -23,6 +23,7 @@ from pathlib import Path
 # (module, owner, name): the loading steps timed in the child
 PHASES = [
     ("package", "Package", "_open"), ("package", None, "_head"), ("package", None, "validate_manifest"),
+    ("package", None, "check_layout"), ("package", None, "check_programs"), ("session", None, "check_buffers"),
     ("package", None, "_mapped"),
     ("package", None, "_check_blob"), ("package", None, "_weights_layout"), ("threads", "FileReader", "into"),
     ("session", None, "check_device"), ("session", "Session", "_check_device"),  # (older runtimes: a method)

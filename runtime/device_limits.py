@@ -16,30 +16,15 @@ def check_device(m: dict, device, memory_limit: int | None) -> tuple:
     """The package's declared needs, then what it actually asks for (a hostile package
     may declare less than it uses), against `device`'s limits and `memory_limit` (bytes);
     returns the layout of its lifted sizes' uniform buffer (runtime/lifted_sizes.py)."""
-    requires = m["requires"]
-    missing = [f for f in requires["features"] if f not in device.features]
-    if missing:
-        raise PackageError(f"this device lacks features the package needs: {missing}")
+    check_buffers(m, device, memory_limit)
     limits = device.limits
-    for name, need in requires["limits"].items():
-        have = limits.get(_LIMIT_NAMES.get(name, name.replace("_", "-")))
-        if have is not None and need > have:
-            raise PackageError(f"the package needs {name} = {need}; this device allows {have}")
-    biggest = min(limits.get("max-buffer-size", 1 << 62), limits.get("max-storage-buffer-binding-size", 1 << 62))
-    for i, size in enumerate(m["buffers"]):
-        if size > biggest:
-            raise PackageError(f"buffer {i} needs {size} bytes; this device's largest storage buffer "
-                               f"is {biggest} bytes")
     # the lifted sizes' uniform buffer: every dispatch's (and variant's) values, laid out once
     sizes_layout = layout(manifest_values(m), alignment(device))
     sizes_bytes = sizes_layout[0]
     if sizes_bytes > limits.get("max-buffer-size", 1 << 62):
         raise PackageError(f"the package's lifted sizes need a {sizes_bytes}-byte buffer; this device's "
                            f"largest is {limits.get('max-buffer-size')} bytes")
-    total = sum(m["buffers"]) + sizes_bytes
-    if memory_limit is not None and total > memory_limit:
-        raise GPUOutOfMemoryError(f"the package needs {total / 2**20:.1f} MiB of GPU memory; "
-                                  f"memory_limit allows {memory_limit / 2**20:.1f} MiB")
+    _fits(sum(m["buffers"]) + sizes_bytes, memory_limit)
     bindings = limits.get("max-storage-buffers-per-shader-stage", 8)
     invocations = limits.get("max-compute-invocations-per-workgroup", 256)
     sizes = [limits.get(f"max-compute-workgroup-size-{a}", 1 << 16) for a in "xyz"]
@@ -58,3 +43,30 @@ def check_device(m: dict, device, memory_limit: int | None) -> tuple:
                     raise PackageError(f"program {name} dispatch {j}: {v['workgroups']} workgroups; "
                                        f"this device allows {most} per dimension")
     return sizes_layout
+
+
+def check_buffers(m: dict, device, memory_limit: int | None) -> None:
+    """What making the buffers asks of `device` and `memory_limit`, from a manifest whose layout
+    is checked (manifest_checks.check_layout): its declared features and limits, each buffer's
+    size, their sum (check_device adds the lifted sizes' buffer)."""
+    requires = m["requires"]
+    missing = [f for f in requires["features"] if f not in device.features]
+    if missing:
+        raise PackageError(f"this device lacks features the package needs: {missing}")
+    limits = device.limits
+    for name, need in requires["limits"].items():
+        have = limits.get(_LIMIT_NAMES.get(name, name.replace("_", "-")))
+        if have is not None and need > have:
+            raise PackageError(f"the package needs {name} = {need}; this device allows {have}")
+    biggest = min(limits.get("max-buffer-size", 1 << 62), limits.get("max-storage-buffer-binding-size", 1 << 62))
+    for i, size in enumerate(m["buffers"]):
+        if size > biggest:
+            raise PackageError(f"buffer {i} needs {size} bytes; this device's largest storage buffer "
+                               f"is {biggest} bytes")
+    _fits(sum(m["buffers"]), memory_limit)
+
+
+def _fits(total: int, memory_limit: int | None) -> None:
+    if memory_limit is not None and total > memory_limit:
+        raise GPUOutOfMemoryError(f"the package needs {total / 2**20:.1f} MiB of GPU memory; "
+                                  f"memory_limit allows {memory_limit / 2**20:.1f} MiB")

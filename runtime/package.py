@@ -1,5 +1,5 @@
-"""Loading a package file: every index, size and offset is checked before any GPU object
-exists.
+"""Loading a package file: every index, size and offset is checked before the GPU objects made
+from it exist.
 
 A package is untrusted input. `Package.load` checks the magic, format version,
 lengths and checksums; then every field of the manifest, every index (buffers, kernels,
@@ -8,7 +8,8 @@ raises PackageError naming the field. A Session made from a path checks the same
 maps the file on POSIX instead of reading it (as safetensors and llama.cpp do: no copy of
 gigabytes), checks the weights' checksums while it compiles and uploads, and returns only once
 they pass (a file written into during the load can leave it a mix): the manifest and the
-weights' offsets are checked first.
+weights' offsets are checked first, the kernels and dispatches (manifest_checks.check_programs)
+by the Session, which makes a gigabyte of weights' buffers meanwhile.
 """
 from __future__ import annotations
 
@@ -25,43 +26,13 @@ import msgpack
 import numpy as np
 
 from .errors import PackageError  # noqa: F401  (importers take it from here too)
-from .manifest_fields import _dict, _fail, _int, _ints, _key, _list, _no_collection, _str
+from .format import (  # noqa: F401  (importers take them from here too)
+    ACCESS, DEVICE_CLASSES, DTYPES, F16_MAX, FORMAT_NAME, FORMAT_VERSION, MAGIC, MAX_LIFTED, MAX_MANIFEST, OFFSET_ALIGN,
+    QUICK, READ_STEP, READABLE_VERSIONS, ROLES, VARIANTS, as_variant, kernels_of, tensor_bytes)
+from .manifest_checks import check_layout, check_programs, validate_manifest  # noqa: F401  (validate_manifest: tests)
+from .manifest_fields import _dict, _fail, _int, _key, _list, _no_collection
 from .threads import FileReader, OnThread, Stoppable, run_on_threads
 from .workgroup_memory import workgroup_bytes  # noqa: F401  (the Session and tests import it from here)
-
-MAGIC = b"MNPK\r\n\x1a\n"
-FORMAT_NAME = "meganeura-package"
-FORMAT_VERSION = 5  # 5: dispatches may carry a "quick" variant; 4: kernels may read sizes from a uniform buffer ("lifted")
-READABLE_VERSIONS = (3, 4, 5)  # 4: the same without quick variants, 3: nor lifted sizes
-MAX_LIFTED = 64  # u32 sizes a kernel may read from it (compiler/lift_sizes.py)
-MAX_MANIFEST = 256 << 20
-ROLES = ("input", "param", "state", "constant", "output")
-DTYPES = {"f32": np.float32, "i32": np.int32, "f16": np.float16}  # f16: parameters only (stored weights)
-F16_MAX = 65504.0  # half precision's largest finite value
-ACCESS = ("read", "read_write")
-READ_STEP = 64 << 20  # bytes per read task when loading a file
-OFFSET_ALIGN = 256  # byte offsets of tensors and bound ranges: WebGPU's largest minStorageBufferOffsetAlignment
-DEVICE_CLASSES = ("cpu", "gpu")  # kernel variants: CPU rasterisers (lavapipe) rank kernels differently
-QUICK = "quick"  # the quick tier's variant (Session(quick_start=True); compiler/lift_sizes.quick_tier)
-VARIANTS = (*DEVICE_CLASSES, QUICK)
-
-
-def as_variant(d: dict, variant: str) -> dict:
-    """A dispatch as `variant` (a device class, or QUICK) runs it: its variant's kernel,
-    workgroups and lifted sizes, where it has that variant; else the dispatch itself."""
-    v = d.get("variants", {}).get(variant)
-    return d if v is None else {**d, "kernel": v["kernel"], "workgroups": v["workgroups"], "lifted": v.get("lifted")}
-
-
-def tensor_bytes(t: dict) -> int:
-    """A manifest tensor's size in bytes (Python ints: no wrap-around, whatever its shape)."""
-    return math.prod(t["shape"]) * np.dtype(DTYPES[t["dtype"]]).itemsize
-
-
-def kernels_of(manifest: dict, variant: str) -> set:
-    """The kernels a device running `variant` makes pipelines of."""
-    return {as_variant(d, variant)["kernel"] for p in manifest["programs"].values() for d in p["dispatches"]}
-
 
 class Package:
     """A validated package: the manifest, the weights, and typed views of both."""
@@ -69,6 +40,7 @@ class Package:
     def __init__(self, manifest: dict, weights: dict, raw_size: int = 0):
         self.manifest = manifest
         self._weights = weights
+        self._programs_unchecked = False  # a file's kernels and programs: checked by _check_programs
         self._reading = None  # an OnThread until a file's weights are read (mapped: their layout) and checked
         self._cancel = None  # set: that read stops
         self._checks = None  # a mapped file's: () -> a check of its bytes on a thread (see _check)
@@ -162,6 +134,13 @@ class Package:
         if self._checking is not None:
             self._checking.stop()
 
+    def _check_programs(self) -> None:
+        """The kernels' and programs' checks of a file opened without them (a Session makes and
+        fills a gigabyte of weights' buffers meanwhile); nothing for a package checked whole."""
+        if self._programs_unchecked:
+            _checked(check_programs, self.manifest)
+            self._programs_unchecked = False
+
     @classmethod
     def load(cls, path) -> Package:
         package = cls._open(path, mapped=False)  # in memory: a file written over later changes nothing
@@ -169,8 +148,9 @@ class Package:
         return package
 
     @classmethod
-    def _open(cls, path, mapped: bool = True) -> Package:
-        """The manifest read and checked now; the weights read (or mapped), their layout and
+    def _open(cls, path, mapped: bool = True, programs: bool = True) -> Package:
+        """The manifest read and checked now (without `programs`, its kernels and programs only
+        by _check_programs); the weights read (or mapped), their layout and
         bytes checked against their checksums, on threads (a Session made from a path makes its
         pipelines and buffers meanwhile: the manifest they come from is checked, and it returns
         only once `weights` or its own check has passed). Mapped: the file is replaced by a
@@ -182,7 +162,7 @@ class Package:
         try:
             size = os.fstat(f.fileno()).st_size
             read = FileReader(f, size, lambda why: PackageError(f"cannot read package {path}: {why}"))
-            manifest, start, end = _head(read.bytes, size)
+            manifest, start, end = _head(read.bytes, size, programs)
             blob = _mapped(f, start, end, path) if mapped and end > start else None
             if blob is None:
                 try:
@@ -194,6 +174,7 @@ class Package:
             f.close()
             raise
         package = cls(manifest, None, size)
+        package._programs_unchecked = not programs
         package._cancel = cancel = threading.Event()
         ck = manifest["blob_checksum"]
         if mapped:
@@ -263,199 +244,10 @@ class Package:
         return summary(self.manifest, self.raw_size)
 
 
-def validate_manifest(m) -> None:
-    """Check every field, index and size; raise PackageError naming the first problem."""
-    _dict(m, "manifest")
-    if _key(m, "format", "manifest") != FORMAT_NAME:
-        _fail(f"not a meganeura package: format is {m['format']!r:.40}")
-    version = _key(m, "format_version", "manifest")
-    if isinstance(version, bool) or not isinstance(version, int) or version not in READABLE_VERSIONS:
-        _fail(f"manifest format_version {m['format_version']!r:.20} is not one of {READABLE_VERSIONS}")
-    _str(_key(m, "compiler_version", "manifest"), "compiler_version", 64)
-    ck = _dict(_key(m, "blob_checksum", "manifest"), "blob_checksum")
-    if _key(ck, "algorithm", "blob_checksum") != "crc32":
-        _fail(f"blob_checksum: unknown algorithm {ck['algorithm']!r:.40}")
-    _int(_key(ck, "chunk_bytes", "blob_checksum"), "blob_checksum.chunk_bytes", 1 << 10, 1 << 30)
-    if not isinstance(_key(ck, "values", "blob_checksum"), bytes):
-        _fail("blob_checksum.values: expected bytes")
-    buffers = _list(_key(m, "buffers", "manifest"), "buffers")
-    for i, b in enumerate(buffers):
-        _int(b, f"buffers[{i}]", 4, 1 << 40)
-        if b % 4:
-            _fail(f"buffers[{i}]: size {b} is not a multiple of 4")
-    nbuf = len(buffers)
-    tensors = _list(_key(m, "tensors", "manifest"), "tensors")
-    leaf_names = set()
-    for i, t in enumerate(tensors):
-        w = f"tensors[{i}]"
-        _dict(t, w)
-        name = _str(_key(t, "name", w), f"{w}.name", 512)
-        role = _key(t, "role", w)
-        if role not in ROLES:
-            _fail(f"{w}.role: {role!r:.40} is not one of {ROLES}")
-        if not isinstance(_key(t, "dtype", w), str) or t["dtype"] not in DTYPES:
-            _fail(f"{w}.dtype: {t['dtype']!r:.40} is not one of {tuple(DTYPES)}")
-        if t["dtype"] == "f16" and role != "param":
-            _fail(f"{w}.dtype: only parameters are stored in f16, not {role} tensors")
-        shape = _list(_key(t, "shape", w), f"{w}.shape", 8)
-        _ints(shape, f"{w}.shape", 0, 1 << 32)
-        size = tensor_bytes(t)
-        b = _int(_key(t, "buffer", w), f"{w}.buffer", 0, nbuf - 1 if nbuf else -1)
-        offset = _int(t.get("offset", 0), f"{w}.offset")
-        if offset % OFFSET_ALIGN:
-            _fail(f"{w}.offset: {offset} is not a multiple of {OFFSET_ALIGN}")
-        if role == "input" and offset:
-            _fail(f"{w}: an input is a buffer of its own (offset {offset})")
-        if offset + size > buffers[b]:
-            _fail(f"{w} ({name}): {size} bytes at offset {offset} do not fit buffer {b} of {buffers[b]} bytes")
-        if role != "output":
-            if name in leaf_names:
-                _fail(f"{w}: tensor name {name!r} appears twice")
-            leaf_names.add(name)
-            if t.get("init") not in ("zeros", "blob"):
-                _fail(f"{w}.init: {t.get('init')!r:.20} is not 'zeros' or 'blob'")
-            if role == "input" and t["init"] != "zeros":
-                _fail(f"{w}: an input cannot carry initial data")
-        else:
-            _str(_key(t, "program", w), f"{w}.program", 64)
-    kernels = _list(_key(m, "kernels", "manifest"), "kernels", 1 << 16)
-    for i, k in enumerate(kernels):
-        w = f"kernels[{i}]"
-        _dict(k, w)
-        _str(_key(k, "wgsl", w), f"{w}.wgsl", 1 << 22)
-        _str(_key(k, "entry", w), f"{w}.entry", 64)
-        _str(k.get("label", ""), f"{w}.label", 256)
-        ws = _list(_key(k, "workgroup_size", w), f"{w}.workgroup_size", 3)
-        if len(ws) != 3:
-            _fail(f"{w}.workgroup_size: needs 3 numbers")
-        _ints(ws, f"{w}.workgroup_size", 1, 1024)
-        access = _list(_key(k, "access", w), f"{w}.access", 64)
-        for a in access:
-            if a not in ACCESS:
-                _fail(f"{w}.access: {a!r:.20} is not one of {ACCESS}")
-        if _int(k.get("lifted", 0), f"{w}.lifted", 0, MAX_LIFTED) and version < 4:
-            _fail(f"{w}.lifted: format version {version} has no lifted sizes")
-        if hashlib.sha256(k["wgsl"].encode()).hexdigest() != _key(k, "sha256", w):
-            _fail(f"{w}: WGSL text does not match its sha256")
-    programs = _dict(_key(m, "programs", "manifest"), "programs")
-    if "infer" not in programs:
-        _fail("programs: no 'infer' program")
-    for pname, p in programs.items():
-        w = f"programs[{pname!r:.40}]"
-        _str(pname, w, 64)
-        _dict(p, w)
-        for kind, role in (("inputs", "input"), ("outputs", "output")):
-            d = _dict(_key(p, kind, w), f"{w}.{kind}")
-            for k, ti in d.items():
-                _str(k, f"{w}.{kind}", 512)
-                _int(ti, f"{w}.{kind}[{k!r:.40}]", 0, len(tensors) - 1 if tensors else -1)
-                if tensors[ti]["role"] != role or tensors[ti]["name"] != k:
-                    _fail(f"{w}.{kind}[{k!r:.40}]: tensor {ti} is not the {role} {k!r:.40}")
-        _int(_key(p, "scratch_peak_bytes", w), f"{w}.scratch_peak_bytes")
-        if "row_mask" in p and (not isinstance(p["row_mask"], str) or p["row_mask"] not in p["inputs"]):
-            _fail(f"{w}.row_mask names no input")
-        for j, d in enumerate(_list(_key(p, "dispatches", w), f"{w}.dispatches", 1 << 20)):
-            dw = f"{w}.dispatches[{j}]"
-            _dict(d, dw)
-            k = _int(_key(d, "kernel", dw), f"{dw}.kernel", 0, len(kernels) - 1 if kernels else -1)
-            bufs = _list(_key(d, "buffers", dw), f"{dw}.buffers", 64)
-            if len(bufs) != len(kernels[k]["access"]):
-                _fail(f"{dw}: {len(bufs)} buffers for a kernel with {len(kernels[k]['access'])} bindings")
-            _ints(bufs, f"{dw}.buffers", 0, nbuf - 1 if nbuf else -1)
-            ranges = _ranges(d, dw, bufs, buffers)
-            access = kernels[k]["access"]
-            # WebGPU refuses a buffer read and written in one dispatch; written twice, the ranges
-            # must not overlap (only a buffer bound more than once can be either)
-            if len(set(bufs)) < len(bufs):
-                for bi in {bi for bi, a in zip(bufs, access) if a == "read_write"}:
-                    spans = sorted((r or [0, buffers[bi]], a) for b, r, a in zip(bufs, ranges, access) if b == bi)
-                    if any(a != "read_write" for _, a in spans) or \
-                            any(lo < prev[0] + prev[1] for (prev, _), ((lo, _), _) in zip(spans, spans[1:])):
-                        _fail(f"{dw}: buffer {bi} is bound for reading and writing, or written twice where ranges meet")
-            _workgroups(d, dw)
-            _lifted(d, dw, kernels[k])
-            for cls, v in _dict(d.get("variants", {}), f"{dw}.variants").items():
-                vw = f"{dw}.variants[{cls!r:.20}]"
-                if cls not in VARIANTS:
-                    _fail(f"{vw}: unknown variant; known: {VARIANTS}")
-                if cls == QUICK and version < 5:
-                    _fail(f"{vw}: format version {version} has no quick variants")
-                _dict(v, vw)
-                if set(v) - {"kernel", "workgroups", "lifted"}:  # a variant swaps the kernel, never what it binds
-                    _fail(f"{vw}: a variant holds only 'kernel', 'workgroups' and 'lifted', not {sorted(set(v))!r:.60}")
-                kv = _int(_key(v, "kernel", vw), f"{vw}.kernel", 0, len(kernels) - 1)
-                if kernels[kv]["access"] != kernels[k]["access"]:
-                    _fail(f"{vw}: the variant kernel binds buffers differently")
-                _workgroups(v, vw)
-                _lifted(v, vw, kernels[kv])
-    mem = _dict(_key(m, "memory", "manifest"), "memory")
-    if _int(_key(mem, "buffer_bytes", "memory"), "memory.buffer_bytes") != sum(buffers):
-        _fail(f"memory.buffer_bytes {mem['buffer_bytes']} is not the sum of the buffer sizes {sum(buffers)}")
-    if not isinstance(mem.get("shared_scratch", False), bool):
-        _fail("memory.shared_scratch: expected true or false")
-    req = _dict(_key(m, "requires", "manifest"), "requires")
-    for f in _list(_key(req, "features", "requires"), "requires.features", 64):
-        _str(f, "requires.features", 64)
-    for k, v in _dict(_key(req, "limits", "requires"), "requires.limits").items():
-        _str(k, "requires.limits", 128)
-        _int(v, f"requires.limits[{k!r:.40}]")
-    batch = m.get("batch")
-    if batch is not None:
-        _int(_key(_dict(batch, "batch"), "size", "batch"), "batch.size", 1, 1 << 31)
-    train = m.get("training")
-    if train is not None:
-        _dict(train, "training")
-        for k in ("loss", "optimizer"):
-            _str(_key(train, k, "training"), f"training.{k}", 64)
-        if isinstance(_key(train, "lr", "training"), bool) or not isinstance(train["lr"], (int, float)):
-            _fail(f"training.lr: expected a number, got {type(train['lr']).__name__}")
-        for f in _list(_key(train, "frozen", "training"), "training.frozen"):
-            _str(f, "training.frozen", 512)
-        if "train_step" not in programs:
-            _fail("training: no 'train_step' program")
-
-
-def _ranges(d, where, bufs, buffers) -> list:
-    """A dispatch's bound ranges: [byte offset, bytes] per binding, None for a whole buffer."""
-    if "ranges" not in d:
-        return [None] * len(bufs)
-    ranges = _list(d["ranges"], f"{where}.ranges", len(bufs))
-    if len(ranges) != len(bufs):
-        _fail(f"{where}.ranges: {len(ranges)} ranges for {len(bufs)} buffers")
-    for r, bi in zip(ranges, bufs):
-        if r is None:
-            continue
-        r = _list(r, f"{where}.ranges", 2)
-        lo, size = (_int(v, f"{where}.ranges") for v in r) if len(r) == 2 else (-1, 0)
-        if lo % OFFSET_ALIGN or size <= 0 or size % 4 or lo + size > buffers[bi]:
-            _fail(f"{where}.ranges: {r!r:.40} is not a range of buffer {bi} ({buffers[bi]} bytes) at a "
-                  f"multiple of {OFFSET_ALIGN} bytes")
-    return ranges
-
-
-def _lifted(d, where, kernel):
-    """A dispatch's lifted sizes: as many u32 values as its kernel reads (compiler/lift_sizes.py)."""
-    want = kernel.get("lifted", 0)
-    if not want:
-        if "lifted" in d:
-            _fail(f"{where}.lifted: its kernel reads no lifted sizes")
-        return
-    values = _list(_key(d, "lifted", where), f"{where}.lifted", MAX_LIFTED)
-    if len(values) != want:
-        _fail(f"{where}.lifted: {len(values)} values for a kernel that reads {want}")
-    _ints(values, f"{where}.lifted", 0, (1 << 32) - 1)
-
-
-def _workgroups(d, where):
-    wg = _list(_key(d, "workgroups", where), f"{where}.workgroups", 3)
-    if len(wg) != 3:
-        _fail(f"{where}.workgroups: needs 3 numbers")
-    _ints(wg, f"{where}.workgroups", 0, 1 << 31)
-
-
-def _head(read, size: int):
+def _head(read, size: int, programs: bool = True):
     """(manifest, blob start, blob end) of a package of `size` bytes, `read(a, b)` giving bytes
-    a to b: the magic, version, lengths and the checksum over the head, then every field."""
+    a to b: the magic, version, lengths and the checksum over the head, then every field (but
+    the kernels' and programs' without `programs`: Package._check_programs)."""
     if size < len(MAGIC) + 12 + 8 + 32:
         _fail(f"not a meganeura package: {size} bytes is too short")
     first = read(0, 20)
@@ -478,13 +270,19 @@ def _head(read, size: int):
         manifest = msgpack.unpackb(head[20:20 + man_len], raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several types for bad bytes
         raise PackageError(f"damaged manifest: {type(exc).__name__}: {exc}") from None
+    _checked(check_layout, manifest)
+    if programs:
+        _checked(check_programs, manifest)
+    return manifest, 20 + man_len + 8, end
+
+
+def _checked(check, manifest) -> None:
     try:
-        validate_manifest(manifest)
+        check(manifest)
     except PackageError:
         raise
-    except Exception as exc:  # a case the checks above missed: still the file's fault
+    except Exception as exc:  # a case the checks missed: still the file's fault
         raise PackageError(f"invalid manifest ({type(exc).__name__}: {exc})") from None
-    return manifest, 20 + man_len + 8, end
 
 
 def _mapped(f, start: int, end: int, path):

@@ -16,7 +16,7 @@ import numpy as np
 from . import native
 from .checkpoint import safetensors_bytes, write_atomic
 from .device import default_device, fresh_device
-from .device_limits import check_device
+from .device_limits import check_buffers, check_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
 from .inputs import coerce, fits, pad, rows
 from .lifted_sizes import sizes_buffer, slice_bytes
@@ -66,7 +66,7 @@ class Session:
             raise ValueError(f"device_class {device_class!r}: use 'cpu' or 'gpu'")
         opened = isinstance(package, (str, os.PathLike))
         if opened:  # its weights read (and checked) while the pipelines compile
-            package = Package._open(package)
+            package = Package._open(package, programs=False)  # (its kernels and programs: checked in _load)
         if not isinstance(package, Package):
             raise TypeError("Session(device, package): package is a Package or a path to a .mnpk file")
         try:
@@ -88,35 +88,30 @@ class Session:
         self._tuned, self._training, self._retired, self.tier = None, None, [], "tuned"
         self._progress = _progress  # a LoadingSession's count of pipelines made and weights uploaded
         m = pkg.manifest
-        self._sizes_layout = check_device(m, self.device, memory_limit)  # every size, before any allocation
         self.tensors = m["tensors"]
         self._layouts = {}
-        self.device_class = device_class or (
-            "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu")
-        tuned = kernels_of(m, self.device_class)
-        first_variant, used = self.device_class, tuned  # the variant run first, and its kernels
-        if quick_start and self.device_class == "gpu" and any(
-                QUICK in d.get("variants", {}) for p in m["programs"].values() for d in p["dispatches"]):
-            first_variant, self.tier = QUICK, QUICK  # (CPU rasterisers run their own variants)
-            used = kernels_of(m, QUICK)
-        check_workgroup_memory(m["kernels"], used | tuned,
-                               self.device.limits.get("max-compute-workgroup-storage-size", 16384))
-        later = deferred_buffers(m)  # the training state: made after the load (runtime/training_state.py)
-        first_programs = [name for name in m["programs"] if name != TRAINING] if later else None
-        # the driver compiles pipelines, and bind groups are made, on threads beside the buffers
-        # and the weights' upload (buffers_and_weights, below)
-        todo = [(i, k) for i, k in enumerate(m["kernels"]) if i in used]
         uploads = [t for t in self.tensors if t["role"] in ("param", "state", "constant") and t["init"] == "blob"]
-        if _progress is not None:
-            _progress.expect(len(todo) + len(uploads))
-        stop, allocated = threading.Event(), threading.Event()
+        stop, allocated, checked = threading.Event(), threading.Event(), threading.Event()
         groups = pipelines = None
+        # from BIG_UPLOAD bytes of weights, buffers and upload on a thread from the start: their upload ends the
+        # load (H200, one host: SD-1.5 0.80 / 0.84 -> 0.65 / 0.65 s); the weights' buffers made once their
+        # sizes are checked, while this thread checks the kernels and dispatches (a file's: Package._open); for
+        # smaller ones on this thread once the compiles are queued (these end their load)
+        big = sum(tensor_bytes(t) for t in uploads) >= BIG_UPLOAD
+        first = sorted({t["buffer"] for t in uploads}) if big else []
+        if big:
+            check_buffers(m, self.device, memory_limit)  # every buffer's size, before any allocation
 
         def buffers_and_weights():
             try:
                 self.allocated_bytes = 0
-                now = [i for i in range(len(m["buffers"])) if i not in later]
-                self.buffers = Buffers(self._allocate(now, "the package", stop), len(m["buffers"]), later)
+                made = self._allocate(first, "the package", stop)
+                checked.wait()  # (the rest of the manifest, and which buffers the training state makes later)
+                if stop.is_set():
+                    return
+                now = [i for i in range(len(m["buffers"])) if i not in later and i not in made]
+                made.update(self._allocate(now, "the package", stop))
+                self.buffers = Buffers(made, len(m["buffers"]), later)
                 self._sizes = sizes_buffer(self.device, self._sizes_layout)
                 self.allocated_bytes += self._sizes_layout[0]
             except BaseException:
@@ -128,13 +123,29 @@ class Session:
                 return
             with self._gpu("uploading the weights"):  # (a mapped file's checked beside it: nothing runs before that passes)
                 pkg._while_checked(lambda weights: self._upload(uploads, weights, stop), stop)
-        # from BIG_UPLOAD bytes of weights, on a thread from the start: their upload ends the load
-        # (H200, one host: SD-1.5 0.80 / 0.84 -> 0.65 / 0.65 s); for smaller ones on this thread
-        # once the compiles are queued (these end their load, and started 10-20 ms later beside it)
-        big = sum(tensor_bytes(t) for t in uploads) >= BIG_UPLOAD
         self.upload_threads = UPLOAD_THREADS * (2 if big and _progress is None else 1)  # (the benchmarks record it)
         filled = OnThread(buffers_and_weights, "meganeura-upload") if big else None
         try:
+            pkg._check_programs()
+            self._sizes_layout = check_device(m, self.device, memory_limit)  # every size, before any other allocation
+            later = deferred_buffers(m)  # the training state: made after the load (runtime/training_state.py)
+            checked.set()
+            self.device_class = device_class or (
+                "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu")
+            tuned = kernels_of(m, self.device_class)
+            first_variant, used = self.device_class, tuned  # the variant run first, and its kernels
+            if quick_start and self.device_class == "gpu" and any(
+                    QUICK in d.get("variants", {}) for p in m["programs"].values() for d in p["dispatches"]):
+                first_variant, self.tier = QUICK, QUICK  # (CPU rasterisers run their own variants)
+                used = kernels_of(m, QUICK)
+            check_workgroup_memory(m["kernels"], used | tuned,
+                                   self.device.limits.get("max-compute-workgroup-storage-size", 16384))
+            first_programs = [name for name in m["programs"] if name != TRAINING] if later else None
+            # the driver compiles pipelines, and bind groups are made, on threads beside the buffers
+            # and the weights' upload (buffers_and_weights, above)
+            todo = [(i, k) for i, k in enumerate(m["kernels"]) if i in used]
+            if _progress is not None:
+                _progress.expect(len(todo) + len(uploads))
             for i in used | tuned:
                 self._layout(m["kernels"][i])  # shared by kernels: made here, not in the threads
             threads = (min(BIG_LOAD_THREADS, LOAD_THREADS) if big and len(todo) > 8 else None) if _progress is None \
@@ -149,6 +160,7 @@ class Session:
         except BaseException:
             stop.set()  # no thread outlives the constructor; the upload's error is the one to see
             allocated.set()  # (the bind thread, stopped, makes no group)
+            checked.set()
             if filled is not None:
                 filled.join()
             if pipelines is not None:

@@ -279,3 +279,43 @@ def test_an_interrupted_rebuild_leaves_no_thread_reading_the_file(big, three_chu
     before KeyboardInterrupt leaves the constructor (on Python 3.10-3.12 an interrupted
     Thread.join() used to let such a thread run on unnoticed)."""
     assert _in_a_child(INTERRUPTED, three_chunks[0], tmp_path, big)[-1] == "interrupted; left: []"
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_a_file_whose_dispatches_break_the_rules_is_refused_by_a_session(big, device, tmp_path, monkeypatch):
+    """A Session made from a path checks the file's kernels and dispatches after its buffers and
+    tensors (`big`: while a gigabyte of weights' buffers are made, Package._check_programs): the
+    same PackageError as Package.load's, no thread left behind, and no buffer made but the weights'."""
+    import random
+    import threading
+
+    from meganeura.compiler import TrainConfig
+    from meganeura.runtime import session as session_module
+    from test_package_fuzz import CountingDevice, _manifest_mutations, seal, split
+
+    monkeypatch.setattr(session_module, "BIG_UPLOAD", 0 if big else session_module.BIG_UPLOAD)
+    rng = np.random.default_rng(0)
+    b = Builder()
+    h = b.relu(b.linear(b.input("x", (8, 12)), b.param("fc1.weight", rng.standard_normal((16, 12))),
+                        b.param("fc1.bias", np.zeros(16))))
+    b.output("logits", b.linear(h, b.param("fc2.weight", rng.standard_normal((5, 16))), b.param("fc2.bias", np.zeros(5))))
+    m, blob = split(compile_model(b.build(), TrainConfig(optimizer="adamw", lr=0.01)))
+    weights = sum(m["buffers"][i] for i in {t["buffer"] for t in m["tensors"] if t["init"] == "blob"})
+    before = set(threading.enumerate())
+    path, refused = tmp_path / "p.mnpk", 0
+    for what, mm in _manifest_mutations(m, random.Random(11)):
+        try:
+            package_module.check_layout(mm)
+            package_module.check_programs(mm)
+            continue  # (a mutation the checks allow: the fuzz test runs those)
+        except PackageError as exc:
+            want = str(exc)
+        path.write_bytes(seal(mm, blob))
+        counting = CountingDevice(device)
+        with pytest.raises(PackageError) as got:
+            Session(counting, path)
+        assert str(got.value) == want, what
+        assert counting.bytes <= (weights if big else 0), what
+        refused += 1
+    assert refused > 30
+    assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("meganeura-")]
