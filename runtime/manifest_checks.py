@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import hashlib
 
-from .format import ACCESS, DTYPES, FORMAT_NAME, MAX_LIFTED, OFFSET_ALIGN, QUICK, READABLE_VERSIONS, ROLES, VARIANTS, tensor_bytes
+from .format import (ACCESS, DTYPES, FORMAT_NAME, MAX_LIFTED, OFFSET_ALIGN, QUICK, READABLE_VERSIONS, ROLES, VARIANTS,
+                     tensor_bytes)
 from .manifest_fields import _dict, _fail, _int, _ints, _key, _list, _str
 
 

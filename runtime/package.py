@@ -27,12 +27,13 @@ import numpy as np
 
 from .errors import PackageError  # noqa: F401  (importers take it from here too)
 from .format import (  # noqa: F401  (importers take them from here too)
-    ACCESS, DEVICE_CLASSES, DTYPES, F16_MAX, FORMAT_NAME, FORMAT_VERSION, MAGIC, MAX_LIFTED, MAX_MANIFEST, OFFSET_ALIGN,
-    QUICK, READ_STEP, READABLE_VERSIONS, ROLES, VARIANTS, as_variant, kernels_of, tensor_bytes)
+    DTYPES, F16_MAX, FORMAT_NAME, FORMAT_VERSION, MAGIC, MAX_LIFTED, MAX_MANIFEST, OFFSET_ALIGN, QUICK, READ_STEP,
+    READABLE_VERSIONS, as_variant, kernels_of, tensor_bytes)
 from .manifest_checks import check_layout, check_programs, validate_manifest  # noqa: F401  (validate_manifest: tests)
 from .manifest_fields import _dict, _fail, _int, _key, _list, _no_collection
 from .threads import FileReader, OnThread, Stoppable, run_on_threads
 from .workgroup_memory import workgroup_bytes  # noqa: F401  (the Session and tests import it from here)
+
 
 class Package:
     """A validated package: the manifest, the weights, and typed views of both."""

@@ -52,7 +52,8 @@ class Session:
         (SIGBUS): replace a package by a rename, as `meganeura compile` does). `device_class` ("gpu" or "cpu")
         overrides which kernel variants run; by default CPU rasterisers (lavapipe) get the CPU
         ones. `memory_limit` (bytes) refuses a package whose buffers need more, before anything
-        is allocated. `shader_checks=False`
+        is allocated (with a gigabyte of weights, the lifted sizes' small buffer is added to them
+        once the weights' buffers are made). `shader_checks=False`
         has the WGSL compiler leave out the checks it adds to every kernel (indices into
         buffers and arrays clamped, loops bounded): 8-20% faster on the H200, and only for
         packages you compiled yourself. WGSL is still validated, but a package from
@@ -103,18 +104,22 @@ class Session:
             check_buffers(m, self.device, memory_limit)  # every buffer's size, before any allocation
 
         def buffers_and_weights():
+            made = {}
             try:
                 self.allocated_bytes = 0
-                made = self._allocate(first, "the package", stop)
-                checked.wait()  # (the rest of the manifest, and which buffers the training state makes later)
+                made.update(self._allocate(first, "the package's weights", stop))
+                checked.wait()  # (the rest of the manifest checked, and which buffers the training state makes later)
                 if stop.is_set():
                     return
                 now = [i for i in range(len(m["buffers"])) if i not in later and i not in made]
-                made.update(self._allocate(now, "the package", stop))
+                made.update(self._allocate(now, "the package", stop, first))
+                if stop.is_set():
+                    return
                 self.buffers = Buffers(made, len(m["buffers"]), later)
                 self._sizes = sizes_buffer(self.device, self._sizes_layout)
                 self.allocated_bytes += self._sizes_layout[0]
             except BaseException:
+                made.clear()  # (let go now, not when the traceback holding this frame is)
                 stop.set()  # (before `allocated`: the bind thread, stopped, makes no group)
                 raise
             finally:
@@ -124,12 +129,12 @@ class Session:
             with self._gpu("uploading the weights"):  # (a mapped file's checked beside it: nothing runs before that passes)
                 pkg._while_checked(lambda weights: self._upload(uploads, weights, stop), stop)
         self.upload_threads = UPLOAD_THREADS * (2 if big and _progress is None else 1)  # (the benchmarks record it)
-        filled = OnThread(buffers_and_weights, "meganeura-upload") if big else None
+        filled = None
         try:
+            filled = OnThread(buffers_and_weights, "meganeura-upload") if big else None
             pkg._check_programs()
             self._sizes_layout = check_device(m, self.device, memory_limit)  # every size, before any other allocation
             later = deferred_buffers(m)  # the training state: made after the load (runtime/training_state.py)
-            checked.set()
             self.device_class = device_class or (
                 "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu")
             tuned = kernels_of(m, self.device_class)
@@ -140,6 +145,7 @@ class Session:
                 used = kernels_of(m, QUICK)
             check_workgroup_memory(m["kernels"], used | tuned,
                                    self.device.limits.get("max-compute-workgroup-storage-size", 16384))
+            checked.set()  # (the manifest and the device's limits all checked: the other buffers may be made)
             first_programs = [name for name in m["programs"] if name != TRAINING] if later else None
             # the driver compiles pipelines, and bind groups are made, on threads beside the buffers
             # and the weights' upload (buffers_and_weights, above)
@@ -201,8 +207,9 @@ class Session:
         return LoadingSession(cls, device, package, threads, options, switch_interval)
 
     # ---------------------------------------------------------------- loading
-    def _allocate(self, which: list, what: str, cancel=None) -> dict:
-        """Buffers `which` (indices into the manifest's sizes), index -> buffer; none once `cancel` is set."""
+    def _allocate(self, which: list, what: str, cancel=None, before=()) -> dict:
+        """Buffers `which` (indices into the manifest's sizes), index -> buffer; none once `cancel` is set.
+        (`before`: those made before them, counted in the out-of-memory message.)"""
         wgpu, sizes = self._wgpu, self.package.manifest["buffers"]
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
         made, total = {}, 0
@@ -215,9 +222,9 @@ class Session:
                 made.clear()  # released, not destroyed: nothing was ever submitted with them
                 self._raise_if_lost(exc, f"making {what}")
                 raise GPUOutOfMemoryError(
-                    f"{what} needs {sum(sizes[j] for j in which) / 2**20:.1f} MiB of GPU memory in {len(which)} "
-                    f"buffers; the device could not allocate buffer {i} ({sizes[i] / 2**20:.1f} MiB): "
-                    f"{str(exc).strip().splitlines()[-1].strip()}") from None
+                    f"{what} needs {sum(sizes[j] for j in (*before, *which)) / 2**20:.1f} MiB of GPU memory in "
+                    f"{len(before) + len(which)} buffers; the device could not allocate buffer {i} "
+                    f"({sizes[i] / 2**20:.1f} MiB): {str(exc).strip().splitlines()[-1].strip()}") from None
             total += sizes[i]
         self.allocated_bytes += total  # (all of them, or none)
         return made

@@ -52,7 +52,8 @@ def _programs(kernels):
     """One quick-only dispatch per kernel, after a tuned kernel of its own (index len + i)."""
     return {"infer": {"dispatches": [
         {"kernel": len(kernels) + i, "buffers": [0, 1], "workgroups": [1, 1, 1],
-         "variants": {QUICK: {"kernel": i, "workgroups": [1, 1, 1], **({"lifted": [7] * k["lifted"]} if k.get("lifted") else {})}}}
+         "variants": {QUICK: {"kernel": i, "workgroups": [1, 1, 1],
+                              **({"lifted": [7] * k["lifted"]} if k.get("lifted") else {})}}}
         for i, k in enumerate(kernels)]}}
 
 

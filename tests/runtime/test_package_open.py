@@ -1,6 +1,7 @@
 """A Session made from a path maps the file and checks the weights while the pipelines compile
 and the weights upload (Package._open): the same package as Package.load's, damage anywhere
 still refused before the Session exists, and checked again by each Session that uploads them."""
+import copy
 import os
 
 import numpy as np
@@ -285,37 +286,62 @@ def test_an_interrupted_rebuild_leaves_no_thread_reading_the_file(big, three_chu
 def test_a_file_whose_dispatches_break_the_rules_is_refused_by_a_session(big, device, tmp_path, monkeypatch):
     """A Session made from a path checks the file's kernels and dispatches after its buffers and
     tensors (`big`: while a gigabyte of weights' buffers are made, Package._check_programs): the
-    same PackageError as Package.load's, no thread left behind, and no buffer made but the weights'."""
+    same PackageError as Package.load's, no thread left behind, and no buffer made but the weights',
+    whether the dispatches or the device's limits (workgroup memory) refuse it; out of memory for
+    the other buffers, the message counts them all."""
     import random
     import threading
 
     from meganeura.compiler import TrainConfig
+    from meganeura.runtime import GPUOutOfMemoryError
     from meganeura.runtime import session as session_module
+    from meganeura.runtime.training_state import deferred_buffers
+    from test_gpu_faults import FailingDevice
     from test_package_fuzz import CountingDevice, _manifest_mutations, seal, split
 
     monkeypatch.setattr(session_module, "BIG_UPLOAD", 0 if big else session_module.BIG_UPLOAD)
+    real_check = session_module.check_workgroup_memory
+
+    def slow_check(*args):  # (time for an upload thread told too soon to make the other buffers)
+        threading.Event().wait(0.05)
+        return real_check(*args)
+    monkeypatch.setattr(session_module, "check_workgroup_memory", slow_check)
     rng = np.random.default_rng(0)
     b = Builder()
     h = b.relu(b.linear(b.input("x", (8, 12)), b.param("fc1.weight", rng.standard_normal((16, 12))),
                         b.param("fc1.bias", np.zeros(16))))
-    b.output("logits", b.linear(h, b.param("fc2.weight", rng.standard_normal((5, 16))), b.param("fc2.bias", np.zeros(5))))
+    b.output("logits", b.linear(h, b.param("fc2.weight", rng.standard_normal((5, 16))),
+                                b.param("fc2.bias", np.zeros(5))))
     m, blob = split(compile_model(b.build(), TrainConfig(optimizer="adamw", lr=0.01)))
-    weights = sum(m["buffers"][i] for i in {t["buffer"] for t in m["tensors"] if t["init"] == "blob"})
+    held = {t["buffer"] for t in m["tensors"] if t["init"] == "blob"}
+    weights = sum(m["buffers"][i] for i in held)
     before = set(threading.enumerate())
     path, refused = tmp_path / "p.mnpk", 0
-    for what, mm in _manifest_mutations(m, random.Random(11)):
+    big_kernel = copy.deepcopy(m)  # more workgroup memory than any device has: refused after the dispatches' checks
+    for k in big_kernel["kernels"]:
+        k["wgsl"] += "\nvar<workgroup> mn_too_big: array<f32, 1000000>;\n"
+    for what, mm in [*_manifest_mutations(m, random.Random(11)), ("workgroup memory", big_kernel)]:
         try:
             package_module.check_layout(mm)
+        except PackageError:
+            continue  # (refused before a Session is made)
+        path.write_bytes(seal(mm, blob))
+        try:
             package_module.check_programs(mm)
-            continue  # (a mutation the checks allow: the fuzz test runs those)
+            want = "workgroup memory" if what == "workgroup memory" else None
         except PackageError as exc:
             want = str(exc)
-        path.write_bytes(seal(mm, blob))
+        if want is None:
+            continue  # (a mutation the checks allow: the fuzz test runs those)
         counting = CountingDevice(device)
         with pytest.raises(PackageError) as got:
             Session(counting, path)
-        assert str(got.value) == want, what
+        assert want in str(got.value), what
         assert counting.bytes <= (weights if big else 0), what
         refused += 1
     assert refused > 30
+    path.write_bytes(seal(m, blob))
+    now = len(m["buffers"]) - len(deferred_buffers(m))
+    with pytest.raises(GPUOutOfMemoryError, match=f"the package needs [0-9.]+ MiB of GPU memory in {now} buffers"):
+        Session(FailingDevice(device, len(held) + 1), path)  # (big: the first of the others; else one of the weights')
     assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("meganeura-")]
