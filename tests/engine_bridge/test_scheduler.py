@@ -328,10 +328,10 @@ def test_a_training_state_that_cannot_be_made_stops_training_not_the_frames(devi
 
     real = Session._allocate
 
-    def failing(self, which, what, cancel=None):
+    def failing(self, which, what, *rest):
         if what == "the training state":
             raise GPUOutOfMemoryError("the training state needs more than this test allows")
-        return real(self, which, what, cancel)
+        return real(self, which, what, *rest)
     monkeypatch.setattr(Session, "_allocate", failing)
     session = Session(device, seg_package)
     sched = FrameScheduler(session, BUDGET_MS)
