@@ -13,10 +13,9 @@ _LIMIT_NAMES = {  # manifest name -> wgpu limit name
 
 
 def check_device(m: dict, device, memory_limit: int | None) -> tuple:
-    """The package's declared needs, then what it actually asks for (a hostile package
-    may declare less than it uses), against `device`'s limits and `memory_limit` (bytes);
-    returns the layout of its lifted sizes' uniform buffer (runtime/lifted_sizes.py)."""
-    check_buffers(m, device, memory_limit)
+    """After check_buffers, what the kernels and dispatches ask for (a hostile package may
+    declare less than it uses) against `device`'s limits, and the lifted sizes' uniform buffer
+    against them and `memory_limit` (bytes); returns that buffer's layout (runtime/lifted_sizes.py)."""
     limits = device.limits
     # the lifted sizes' uniform buffer: every dispatch's (and variant's) values, laid out once
     sizes_layout = layout(manifest_values(m), alignment(device))
@@ -47,8 +46,8 @@ def check_device(m: dict, device, memory_limit: int | None) -> tuple:
 
 def check_buffers(m: dict, device, memory_limit: int | None) -> None:
     """What making the buffers asks of `device` and `memory_limit`, from a manifest whose layout
-    is checked (manifest_checks.check_layout): its declared features and limits, each buffer's
-    size, their sum (check_device adds the lifted sizes' buffer)."""
+    is checked (manifest_checks.check_layout): the package's declared features and limits, each
+    buffer's size, their sum (check_device adds the lifted sizes' buffer)."""
     requires = m["requires"]
     missing = [f for f in requires["features"] if f not in device.features]
     if missing:

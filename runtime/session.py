@@ -100,8 +100,7 @@ class Session:
         # smaller ones on this thread once the compiles are queued (these end their load)
         big = sum(tensor_bytes(t) for t in uploads) >= BIG_UPLOAD
         first = sorted({t["buffer"] for t in uploads}) if big else []
-        if big:
-            check_buffers(m, self.device, memory_limit)  # every buffer's size, before any allocation
+        check_buffers(m, self.device, memory_limit)  # every buffer's size, before any allocation
 
         def buffers_and_weights():
             made = {}
@@ -133,7 +132,7 @@ class Session:
         try:
             filled = OnThread(buffers_and_weights, "meganeura-upload") if big else None
             pkg._check_programs()
-            self._sizes_layout = check_device(m, self.device, memory_limit)  # every size, before any other allocation
+            self._sizes_layout = check_device(m, self.device, memory_limit)  # (the kernels' and dispatches' sizes)
             later = deferred_buffers(m)  # the training state: made after the load (runtime/training_state.py)
             self.device_class = device_class or (
                 "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu")
@@ -154,9 +153,9 @@ class Session:
                 _progress.expect(len(todo) + len(uploads))
             for i in used | tuned:
                 self._layout(m["kernels"][i])  # shared by kernels: made here, not in the threads
-            threads = (min(BIG_LOAD_THREADS, LOAD_THREADS) if big and len(todo) > 8 else None) if _progress is None \
-                else min(_progress.threads, LOAD_THREADS)  # (a background load's)
-            pipelines = _in_background({i: (self._pipeline, i, k) for i, k in longest_first(todo)}, threads)
+            threads = None if _progress is None else min(_progress.threads, LOAD_THREADS)  # (a background load's)
+            pipelines = _in_background({i: (self._pipeline, i, k) for i, k in longest_first(todo)}, threads,
+                                       min(BIG_LOAD_THREADS, LOAD_THREADS) if big else LOAD_THREADS)
             groups = OnThread(lambda: make_bind_groups(self, first_variant, BIND_GROUP_THREADS, {}, stop, allocated,
                                                        first_programs), "meganeura-bind")
             if filled is None:
@@ -588,8 +587,8 @@ class Session:
                 self._write(t, v)
 
 
-def _in_background(calls: dict, threads: int | None = None):
-    """threads.in_background on `threads` threads (default: LOAD_THREADS, or this one, when
-    asked, for 8 calls or fewer)."""
-    return in_background(calls, threads if threads is not None else LOAD_THREADS if len(calls) > 8 else 0)
+def _in_background(calls: dict, threads: int | None = None, most: int | None = None):
+    """threads.in_background on `threads` threads (default: `most`, else LOAD_THREADS, or this
+    one, when asked, for 8 calls or fewer)."""
+    return in_background(calls, threads if threads is not None else (most or LOAD_THREADS) if len(calls) > 8 else 0)
 

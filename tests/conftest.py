@@ -86,3 +86,18 @@ def hold_tuned(monkeypatch):
     monkeypatch.setattr(Session, "_pipeline", held)
     yield gate
     gate.set()
+
+
+@pytest.fixture(scope="session")
+def mlp_training_bytes() -> bytes:
+    """A small training package's file (two linear layers, AdamW): the runtime's fault tests'."""
+    import numpy as np
+
+    from meganeura.compiler import Builder, TrainConfig, compile_model
+
+    rng = np.random.default_rng(0)
+    b = Builder()
+    x = b.input("x", (8, 12))
+    h = b.relu(b.linear(x, b.param("fc1.weight", rng.standard_normal((16, 12))), b.param("fc1.bias", np.zeros(16))))
+    b.output("logits", b.linear(h, b.param("fc2.weight", rng.standard_normal((5, 16))), b.param("fc2.bias", np.zeros(5))))
+    return compile_model(b.build(), TrainConfig(optimizer="adamw", lr=0.01))

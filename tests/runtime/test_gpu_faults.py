@@ -8,19 +8,14 @@ import numpy as np
 import pytest
 import wgpu
 
-from meganeura.compiler import Builder, TrainConfig, compile_model
+from meganeura.compiler import Builder, compile_model
 from meganeura.runtime import DeviceLostError, GPUOutOfMemoryError, Package, Session
 from meganeura.runtime.training_state import deferred_buffers
 
 
 @pytest.fixture(scope="module")
-def package():
-    rng = np.random.default_rng(0)
-    b = Builder()
-    x = b.input("x", (8, 12))
-    h = b.relu(b.linear(x, b.param("fc1.weight", rng.standard_normal((16, 12))), b.param("fc1.bias", np.zeros(16))))
-    b.output("logits", b.linear(h, b.param("fc2.weight", rng.standard_normal((5, 16))), b.param("fc2.bias", np.zeros(5))))
-    return Package.from_bytes(compile_model(b.build(), TrainConfig(optimizer="adamw", lr=0.01)))
+def package(mlp_training_bytes):
+    return Package.from_bytes(mlp_training_bytes)
 
 
 class FailingDevice:

@@ -196,11 +196,11 @@ def test_a_gigabyte_of_weights_is_written_on_twice_the_threads(device, monkeypat
 
     seen, real = [], session_module._in_background
 
-    def spy(calls, threads=None):
+    def spy(calls, threads=None, *rest):
         first = next(iter(calls.values()), (None,))[0]
         if getattr(first, "__name__", "") == "_write_counted":
             seen.append(threads)
-        return real(calls, threads)
+        return real(calls, threads, *rest)
     monkeypatch.setattr(session_module, "_in_background", spy)
     package = Package.from_bytes(_mlp(9))
     x = np.ones((4, 16), np.float32)

@@ -17,13 +17,8 @@ from meganeura.runtime.package import FORMAT_VERSION, MAGIC
 
 
 @pytest.fixture(scope="module")
-def good() -> bytes:
-    rng = np.random.default_rng(0)
-    b = Builder()
-    x = b.input("x", (8, 12))
-    h = b.relu(b.linear(x, b.param("fc1.weight", rng.standard_normal((16, 12))), b.param("fc1.bias", np.zeros(16))))
-    b.output("logits", b.linear(h, b.param("fc2.weight", rng.standard_normal((5, 16))), b.param("fc2.bias", np.zeros(5))))
-    return compile_model(b.build(), TrainConfig(optimizer="adamw", lr=0.01))
+def good(mlp_training_bytes) -> bytes:
+    return mlp_training_bytes
 
 
 def split(data: bytes):

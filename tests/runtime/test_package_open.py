@@ -283,7 +283,8 @@ def test_an_interrupted_rebuild_leaves_no_thread_reading_the_file(big, three_chu
 
 
 @pytest.mark.parametrize("big", [False, True])
-def test_a_file_whose_dispatches_break_the_rules_is_refused_by_a_session(big, device, tmp_path, monkeypatch):
+def test_a_file_whose_dispatches_break_the_rules_is_refused_by_a_session(big, device, mlp_training_bytes, tmp_path,
+                                                                         monkeypatch):
     """A Session made from a path checks the file's kernels and dispatches after its buffers and
     tensors (`big`: while a gigabyte of weights' buffers are made, Package._check_programs): the
     same PackageError as Package.load's, no thread left behind, and no buffer made but the weights',
@@ -292,7 +293,6 @@ def test_a_file_whose_dispatches_break_the_rules_is_refused_by_a_session(big, de
     import random
     import threading
 
-    from meganeura.compiler import TrainConfig
     from meganeura.runtime import GPUOutOfMemoryError
     from meganeura.runtime import session as session_module
     from meganeura.runtime.training_state import deferred_buffers
@@ -306,13 +306,7 @@ def test_a_file_whose_dispatches_break_the_rules_is_refused_by_a_session(big, de
         threading.Event().wait(0.05)
         return real_check(*args)
     monkeypatch.setattr(session_module, "check_workgroup_memory", slow_check)
-    rng = np.random.default_rng(0)
-    b = Builder()
-    h = b.relu(b.linear(b.input("x", (8, 12)), b.param("fc1.weight", rng.standard_normal((16, 12))),
-                        b.param("fc1.bias", np.zeros(16))))
-    b.output("logits", b.linear(h, b.param("fc2.weight", rng.standard_normal((5, 16))),
-                                b.param("fc2.bias", np.zeros(5))))
-    m, blob = split(compile_model(b.build(), TrainConfig(optimizer="adamw", lr=0.01)))
+    m, blob = split(mlp_training_bytes)
     held = {t["buffer"] for t in m["tensors"] if t["init"] == "blob"}
     weights = sum(m["buffers"][i] for i in held)
     before = set(threading.enumerate())
