@@ -14,14 +14,14 @@ from contextlib import contextmanager
 import numpy as np
 
 from . import native
-from .checkpoint import safetensors_bytes, write_atomic
 from .device import default_device, fresh_device
 from .device_limits import check_buffers, check_device
 from .errors import DeviceLostError, GPUOutOfMemoryError
-from .inputs import coerce, fits, pad, rows
+from .inputs import coerce, pad, rows
 from .lifted_sizes import sizes_buffer, slice_bytes
 from .loading import SWITCH_INTERVAL, LoadingSession, default_threads
 from .package import DTYPES, QUICK, Package, PackageError, as_variant, kernels_of, tensor_bytes
+from .session_weights import SessionWeights
 from .threads import OnThread, in_background
 from .tiers import TunedTier, assemble, longest_first, make_bind_groups
 from .training_state import TRAINING, Buffers, TrainingState, deferred_buffers
@@ -41,7 +41,7 @@ BIG_LOAD_THREADS = 12
 SKIPPED = "optimizer.skipped_steps"  # state counter of training steps rejected for NaN/inf
 
 
-class Session:
+class Session(SessionWeights):
     def __init__(self, device, package, device_class: str | None = None, memory_limit: int | None = None,
                  shader_checks: bool = True, quick_start: bool = False, _progress=None):
         """`package`: a Package, or a .mnpk file's path (the fastest first launch: on POSIX the
@@ -102,31 +102,42 @@ class Session:
         first = sorted({t["buffer"] for t in uploads}) if big else []
         check_buffers(m, self.device, memory_limit)  # every buffer's size, before any allocation
 
-        def buffers_and_weights():
-            made = {}
+        def the_rest(made):  # the other buffers, once every check has passed; then `allocated`
             try:
-                self.allocated_bytes = 0
-                made.update(self._allocate(first, "the package's weights", stop))
                 checked.wait()  # (the rest of the manifest checked, and which buffers the training state makes later)
-                if stop.is_set():
-                    return
-                now = [i for i in range(len(m["buffers"])) if i not in later and i not in made]
-                made.update(self._allocate(now, "the package", stop, first))
-                if stop.is_set():
-                    return
-                self.buffers = Buffers(made, len(m["buffers"]), later)
-                self._sizes = sizes_buffer(self.device, self._sizes_layout)
-                self.allocated_bytes += self._sizes_layout[0]
+                if not stop.is_set():
+                    now = [i for i in range(len(m["buffers"])) if i not in later and i not in made]
+                    made.update(self._allocate(now, "the package", stop, first))
+                if not stop.is_set():
+                    self.buffers = Buffers(made, len(m["buffers"]), later)
+                    self._sizes = sizes_buffer(self.device, self._sizes_layout)
+                    self.allocated_bytes += self._sizes_layout[0]
             except BaseException:
                 made.clear()  # (let go now, not when the traceback holding this frame is)
                 stop.set()  # (before `allocated`: the bind thread, stopped, makes no group)
                 raise
             finally:
                 allocated.set()
+
+        def buffers_and_weights():
+            made = {}
+            try:
+                self.allocated_bytes = 0
+                made.update(self._allocate(first, "the package's weights", stop))
+            except BaseException:
+                made.clear()
+                stop.set()
+                allocated.set()
+                raise
+            if not first:
+                the_rest(made)
             if stop.is_set():  # (the constructor failed meanwhile)
                 return
+            # a gigabyte of weights written from now on, while this thread makes the other buffers once every
+            # check has passed (nothing runs before then; a refusal stops the writes and lets the buffers go)
             with self._gpu("uploading the weights"):  # (a mapped file's checked beside it: nothing runs before that passes)
-                pkg._while_checked(lambda weights: self._upload(uploads, weights, stop), stop)
+                pkg._while_checked(lambda weights: self._upload(
+                    uploads, weights, stop, dict(made), (lambda: the_rest(made)) if first else None), stop)
         self.upload_threads = UPLOAD_THREADS * (2 if big and _progress is None else 1)  # (the benchmarks record it)
         filled = None
         try:
@@ -151,13 +162,15 @@ class Session:
             todo = [(i, k) for i, k in enumerate(m["kernels"]) if i in used]
             if _progress is not None:
                 _progress.expect(len(todo) + len(uploads))
-            for i in used | tuned:
+            for i in used:
                 self._layout(m["kernels"][i])  # shared by kernels: made here, not in the threads
             threads = None if _progress is None else min(_progress.threads, LOAD_THREADS)  # (a background load's)
             pipelines = _in_background({i: (self._pipeline, i, k) for i, k in longest_first(todo)}, threads,
                                        min(BIG_LOAD_THREADS, LOAD_THREADS) if big else LOAD_THREADS)
             groups = OnThread(lambda: make_bind_groups(self, first_variant, BIND_GROUP_THREADS, {}, stop, allocated,
                                                        first_programs), "meganeura-bind")
+            for i in tuned - used:  # (the tuned tier's, needed after the load: once the first tier's compiles are queued)
+                self._layout(m["kernels"][i])
             if filled is None:
                 buffers_and_weights()
             else:
@@ -319,8 +332,12 @@ class Session:
             if key[1]:  # (its size: a kernel declaring more than its count is refused when its pipeline is made)
                 entries.append({"binding": len(entries), "visibility": wgpu.ShaderStage.COMPUTE,
                                 "buffer": {"type": "uniform", "min_binding_size": slice_bytes(key[1])}})
-            bgl = self.device.create_bind_group_layout(entries=entries)
-            self._layouts[key] = (bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]))
+            try:
+                bgl = self.device.create_bind_group_layout(entries=entries)
+                self._layouts[key] = (bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]))
+            except wgpu.GPUValidationError as exc:
+                self._raise_if_lost(exc, "loading the package")
+                raise
         return self._layouts[key]
 
     def _forms(self, variant: str, programs=None) -> dict:
@@ -349,28 +366,33 @@ class Session:
             self._progress.tick()
         return pipeline, bgl
 
-    def _upload(self, tensors, weights, stop):
-        """Write `tensors`' weights, the largest first, on `upload_threads` threads: each write
-        copies into a fresh staging buffer of the driver's; none once `stop` is set (the load failed)."""
+    def _upload(self, tensors, weights, stop, into, meanwhile=None):
+        """Write `tensors`' weights into buffers `into` (index -> buffer), the largest first, on
+        `upload_threads` threads: each write copies into a fresh staging buffer of the driver's;
+        none once `stop` is set (the load failed). `meanwhile()` runs on this thread beside them."""
         order = sorted(tensors, key=lambda t: -weights[t["name"]].nbytes)
-        _in_background({i: (self._write_counted, t, weights[t["name"]], stop) for i, t in enumerate(order)},
-                       self.upload_threads)()
+        writes = _in_background({i: (self._write_counted, t, weights[t["name"]], stop, into)
+                                 for i, t in enumerate(order)}, self.upload_threads)
+        if meanwhile is not None:
+            try:
+                meanwhile()
+            except BaseException:
+                stop.set()
+                writes(quiet=True)
+                raise
+        writes()
 
-    def _write_counted(self, t, value, stop):
+    def _write_counted(self, t, value, stop, into):
         if stop.is_set():
             return
-        self._write(t, value)
+        try:
+            self._write(t, value, into)
+        except BaseException:
+            stop.set()  # (the load fails: the writes not started yet are skipped at once)
+            raise
         if self._progress is not None:
             self._progress.tick()
 
-    def _write(self, t, value):
-        arr = np.ascontiguousarray(value, dtype=DTYPES[t["dtype"]])
-        if arr.nbytes % 4:  # an odd number of f16 values: writes come in whole 4-byte words
-            arr = np.concatenate([arr.reshape(-1), np.zeros(1, arr.dtype)])
-        if arr.nbytes:  # straight from the array: wgpu copies it into its staging memory
-            self.device.queue.write_buffer(self.buffers[t["buffer"]], t.get("offset", 0), arr)
-
-    # ---------------------------------------------------------------- running
     def record(self, encoder, program: str, start: int = 0, stop: int | None = None, pass_kwargs=None):
         """Encode dispatches [start, stop) of `program` as one compute pass into `encoder`."""
         steps = self._steps(program)[start:stop]
@@ -510,81 +532,6 @@ class Session:
         from .readback import Readback
 
         return Readback(self, program, output, depth)
-
-    # ---------------------------------------------------------------- weights
-    def read_tensor(self, name: str, role: str = "param") -> np.ndarray:
-        t = self.package.tensor(name, role)
-        if t is None:
-            raise KeyError(f"no {role} named {name!r}")
-        count = int(np.prod(t["shape"], dtype=np.int64))
-        if count == 0:
-            return np.zeros(t["shape"], dtype=DTYPES[t["dtype"]])
-        with self._gpu(f"reading {name}"):
-            size = count * np.dtype(DTYPES[t["dtype"]]).itemsize
-            data = self.device.queue.read_buffer(self.buffers[t["buffer"]], t.get("offset", 0), -(-size // 4) * 4)
-        return np.frombuffer(data, dtype=DTYPES[t["dtype"]])[:count].reshape(t["shape"]).copy()
-
-    def write_tensor(self, name: str, value, role: str = "state") -> None:
-        """Overwrite a parameter or state tensor (e.g. "optimizer.lr" for a schedule)."""
-        t = self.package.tensor(name, role)
-        if t is None:
-            raise KeyError(f"no {role} named {name!r}")
-        v = np.asarray(value)
-        if list(v.shape) != list(t["shape"]):
-            raise ValueError(f"{role} {name!r} has shape {t['shape']}, got {list(v.shape)}")
-        fits(t, v)
-        with self._gpu(f"writing {name}"):
-            self._write(t, v)
-
-    def weights(self, only=None) -> dict:
-        """Parameters by name; `only`: glob patterns selecting some (e.g. ["decoder.*"])."""
-        import fnmatch
-
-        names = self.package.param_names()
-        if only is not None:
-            names = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in only)]
-        return {name: self.read_tensor(name) for name in names}
-
-    def save_weights(self, path, only=None) -> None:
-        """Write the parameters (or those matching `only`) as safetensors, by the source
-        model's names, atomically (runtime/checkpoint.py): a crash while saving leaves the
-        old file or the new one, whole. Weights holding NaN/inf are refused, not saved
-        over a good file."""
-        weights = self.weights(only)
-        bad = [name for name, v in weights.items() if not np.isfinite(v).all()]
-        if bad:
-            raise ValueError(f"not saving {path}: weights {bad[:5]} hold NaN or infinity")
-        write_atomic(path, safetensors_bytes(weights))
-
-    def load_weights(self, path, strict: bool = True) -> None:
-        """Load parameters saved by save_weights (or any safetensors with these names)."""
-        from safetensors.numpy import load_file
-
-        try:
-            values = load_file(str(path))
-        except Exception as exc:
-            raise ValueError(f"cannot read weights from {path}: {exc}") from None
-        self.set_weights(values, strict)
-
-    def set_weights(self, values: dict, strict: bool = True) -> None:
-        names = set(self.package.param_names())
-        unknown, missing = set(values) - names, names - set(values)
-        if strict and (unknown or missing):
-            raise ValueError(f"weights do not match the package: missing {sorted(missing)}, "
-                             f"unknown {sorted(unknown)}")
-        checked = {}
-        for name in names & set(values):
-            t = self.package.tensor(name, "param")
-            v = np.asarray(values[name])
-            if list(v.shape) != list(t["shape"]):
-                raise ValueError(f"weight {name!r} has shape {list(v.shape)}, the package needs {t['shape']}")
-            if not np.isfinite(v).all():
-                raise ValueError(f"weight {name!r} holds NaN or infinity")
-            fits(t, v)
-            checked[name] = (t, v)
-        with self._gpu("loading weights"):
-            for t, v in checked.values():  # all checked first: a bad file changes nothing
-                self._write(t, v)
 
 
 def _in_background(calls: dict, threads: int | None = None, most: int | None = None):

@@ -189,24 +189,25 @@ def test_a_device_lost_during_the_weight_upload(big, package, monkeypatch):
     own = wgpu.gpu.request_adapter_sync().request_device_sync()  # this one gets destroyed
     writes, real = [], Session._write
 
-    def write(self, t, value):
+    def write(self, t, value, *rest):
         writes.append(t["name"])
         if len(writes) == 3:
             own.destroy()
         elif len(writes) > 3:
             time.sleep(0.01)  # (slow writes: the cancellation, not a race, decides how many ran)
-        return real(self, t, value)
+        return real(self, t, value, *rest)
 
     monkeypatch.setattr(Session, "_write", write)
     before = set(threading.enumerate())  # (threads of earlier tests' sessions are theirs)
-    with pytest.raises(DeviceLostError, match="uploading the weights"):
+    # (with a gigabyte of weights the writes begin beside the load's other work, which may see the loss first)
+    with pytest.raises(DeviceLostError, match="uploading the weights" if not big else "the GPU device was lost"):
         Session(own, many)
     assert 3 <= len(writes) <= 6 < 40  # the writes in flight finished; the rest were cancelled
     assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("meganeura-")]
 
 
 def test_out_of_memory_while_writing_is_the_runtimes_error(device, package, monkeypatch):
-    def write(self, t, value):
+    def write(self, t, value, *rest):
         raise wgpu.GPUOutOfMemoryError("Out of memory")
 
     monkeypatch.setattr(Session, "_write", write)

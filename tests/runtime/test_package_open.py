@@ -171,7 +171,7 @@ def test_a_rebuild_that_fails_mid_upload_stops_its_check(device, three_chunks, t
     crc, real = zlib.crc32, Session._write
     monkeypatch.setattr(package_module.zlib, "crc32", lambda *a: time.sleep(0.2) or crc(*a))  # checks outlast the upload
 
-    def failing(self, t, value):
+    def failing(self, t, value, *rest):
         raise MemoryError("the upload failed")
     monkeypatch.setattr(Session, "_write", failing)
     before = set(threading.enumerate())

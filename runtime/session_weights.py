@@ -1,0 +1,94 @@
+"""A Session's parameters and state tensors: read, written, saved and loaded by name."""
+from __future__ import annotations
+
+import numpy as np
+
+from .checkpoint import safetensors_bytes, write_atomic
+from .format import DTYPES
+from .inputs import fits
+
+
+class SessionWeights:
+    """Session's weights methods (runtime/session.py holds its buffers, its device and _gpu)."""
+
+    def read_tensor(self, name: str, role: str = "param") -> np.ndarray:
+        t = self.package.tensor(name, role)
+        if t is None:
+            raise KeyError(f"no {role} named {name!r}")
+        count = int(np.prod(t["shape"], dtype=np.int64))
+        if count == 0:
+            return np.zeros(t["shape"], dtype=DTYPES[t["dtype"]])
+        with self._gpu(f"reading {name}"):
+            size = count * np.dtype(DTYPES[t["dtype"]]).itemsize
+            data = self.device.queue.read_buffer(self.buffers[t["buffer"]], t.get("offset", 0), -(-size // 4) * 4)
+        return np.frombuffer(data, dtype=DTYPES[t["dtype"]])[:count].reshape(t["shape"]).copy()
+
+    def write_tensor(self, name: str, value, role: str = "state") -> None:
+        """Overwrite a parameter or state tensor (e.g. "optimizer.lr" for a schedule)."""
+        t = self.package.tensor(name, role)
+        if t is None:
+            raise KeyError(f"no {role} named {name!r}")
+        v = np.asarray(value)
+        if list(v.shape) != list(t["shape"]):
+            raise ValueError(f"{role} {name!r} has shape {t['shape']}, got {list(v.shape)}")
+        fits(t, v)
+        with self._gpu(f"writing {name}"):
+            self._write(t, v)
+
+    def weights(self, only=None) -> dict:
+        """Parameters by name; `only`: glob patterns selecting some (e.g. ["decoder.*"])."""
+        import fnmatch
+
+        names = self.package.param_names()
+        if only is not None:
+            names = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in only)]
+        return {name: self.read_tensor(name) for name in names}
+
+    def save_weights(self, path, only=None) -> None:
+        """Write the parameters (or those matching `only`) as safetensors, by the source
+        model's names, atomically (runtime/checkpoint.py): a crash while saving leaves the
+        old file or the new one, whole. Weights holding NaN/inf are refused, not saved
+        over a good file."""
+        weights = self.weights(only)
+        bad = [name for name, v in weights.items() if not np.isfinite(v).all()]
+        if bad:
+            raise ValueError(f"not saving {path}: weights {bad[:5]} hold NaN or infinity")
+        write_atomic(path, safetensors_bytes(weights))
+
+    def load_weights(self, path, strict: bool = True) -> None:
+        """Load parameters saved by save_weights (or any safetensors with these names)."""
+        from safetensors.numpy import load_file
+
+        try:
+            values = load_file(str(path))
+        except Exception as exc:
+            raise ValueError(f"cannot read weights from {path}: {exc}") from None
+        self.set_weights(values, strict)
+
+    def set_weights(self, values: dict, strict: bool = True) -> None:
+        names = set(self.package.param_names())
+        unknown, missing = set(values) - names, names - set(values)
+        if strict and (unknown or missing):
+            raise ValueError(f"weights do not match the package: missing {sorted(missing)}, "
+                             f"unknown {sorted(unknown)}")
+        checked = {}
+        for name in names & set(values):
+            t = self.package.tensor(name, "param")
+            v = np.asarray(values[name])
+            if list(v.shape) != list(t["shape"]):
+                raise ValueError(f"weight {name!r} has shape {list(v.shape)}, the package needs {t['shape']}")
+            if not np.isfinite(v).all():
+                raise ValueError(f"weight {name!r} holds NaN or infinity")
+            fits(t, v)
+            checked[name] = (t, v)
+        with self._gpu("loading weights"):
+            for t, v in checked.values():  # all checked first: a bad file changes nothing
+                self._write(t, v)
+
+    def _write(self, t, value, into=None):
+        arr = np.ascontiguousarray(value, dtype=DTYPES[t["dtype"]])
+        if arr.nbytes % 4:  # an odd number of f16 values: writes come in whole 4-byte words
+            arr = np.concatenate([arr.reshape(-1), np.zeros(1, arr.dtype)])
+        if arr.nbytes:  # straight from the array: wgpu copies it into its staging memory
+            buffers = self.buffers if into is None else into
+            self.device.queue.write_buffer(buffers[t["buffer"]], t.get("offset", 0), arr)
