@@ -103,6 +103,40 @@ def test_a_session_that_fails_stops_reading_its_file(mapped, device, tmp_path, m
         assert not [t for t in threading.enumerate() if t.name == "meganeura-read"]
 
 
+def test_a_blocking_load_shortens_pythons_switch_interval_while_it_runs(device, tmp_path, monkeypatch):
+    """Session() switches Python's threads every loading.SWITCH_INTERVAL while it loads (its
+    threads' returns from wgpu and zlib then wait less for the constructor's own Python), and
+    the host's interval comes back once it returns or fails; a host's shorter one stays."""
+    import sys
+
+    from meganeura.runtime import loading
+
+    path = tmp_path / "p.mnpk"
+    path.write_bytes(_mlp(6))
+    seen, real = [], Session._pipeline
+
+    def spy(self, *a, **kw):
+        seen.append(sys.getswitchinterval())
+        return real(self, *a, **kw)
+    monkeypatch.setattr(Session, "_pipeline", spy)
+    host = sys.getswitchinterval()
+    try:
+        with Session(device, path) as s:
+            assert sys.getswitchinterval() == pytest.approx(host)
+            s.run("infer", {"x": np.ones((4, 16), np.float32)})
+        assert seen and all(v == pytest.approx(loading.SWITCH_INTERVAL, rel=0.05) for v in seen), seen
+        with pytest.raises(PackageError):
+            Session(device, tmp_path / "missing.mnpk")
+        assert sys.getswitchinterval() == pytest.approx(host) and loading._switch["loads"] == 0
+        sys.setswitchinterval(0.0001)  # a host's own, shorter: kept
+        seen.clear()
+        Session(device, path).close()
+        assert seen and all(v == pytest.approx(0.0001, rel=0.05) for v in seen)
+        assert sys.getswitchinterval() == pytest.approx(0.0001, rel=0.05)
+    finally:
+        sys.setswitchinterval(host)
+
+
 def test_a_background_load_shortens_pythons_switch_interval_while_it_runs(device, tmp_path, monkeypatch):
     """The loading threads' Python hands the interpreter back to the host's thread sooner while
     loads run (loading.SWITCH_INTERVAL), and the host's interval comes back when the last ends,
