@@ -82,7 +82,7 @@ def _switch_sooner(interval: float):
     set one of its own meanwhile."""
     with _switch["lock"]:
         now = sys.getswitchinterval()
-        if _switch["loads"] == 0:
+        if _switch["loads"] == 0 or now != _switch["set"]:  # (or the host has set its own since the last load began)
             _switch["saved"] = now
         if interval < now:
             sys.setswitchinterval(interval)

@@ -127,6 +127,11 @@ class Package:
             raise
         self._passed(checks, stop)
 
+    def _weights_at_hand(self) -> bool:
+        """Whether `_while_checked` hands the weights over without waiting for the file to be read:
+        in memory, or mapped (their bytes checked beside their use)."""
+        return self._reading is None or self._checks is not None
+
     def _abandon(self) -> None:
         """Stop reading a file's weights that nobody will upload (a Session that failed to load)."""
         if self._reading is not None:

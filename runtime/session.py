@@ -62,7 +62,8 @@ class Session(SessionWeights):
         or loop until the driver resets the GPU. `quick_start=True`: return once the quick
         tier's kernels are made (few, and cheap to compile: a first launch's driver compile is
         most of its load), and run them until the tuned ones, compiled behind them on threads,
-        take their place (`tier`, `wait_tuned()`); they compute the same, more slowly."""
+        take their place (`tier`, `wait_tuned()`); they compute the same, more slowly. While
+        it loads, Python's switch interval is at most loading.SWITCH_INTERVAL (then restored)."""
         if device_class not in (None, "cpu", "gpu"):
             raise ValueError(f"device_class {device_class!r}: use 'cpu' or 'gpu'")
         opened = isinstance(package, (str, os.PathLike))
@@ -118,7 +119,8 @@ class Session(SessionWeights):
                     made.update(self._allocate(now, "the package", stop, first))
                 if not stop.is_set():
                     self.buffers = Buffers(made, len(m["buffers"]), later)
-                    self._sizes = sizes_buffer(self.device, self._sizes_layout)
+                    with self._gpu("making the package's buffers"):
+                        self._sizes = sizes_buffer(self.device, self._sizes_layout)
                     self.allocated_bytes += self._sizes_layout[0]
             except BaseException:
                 made.clear()  # (let go now, not when the traceback holding this frame is)
@@ -137,15 +139,17 @@ class Session(SessionWeights):
                 stop.set()
                 allocated.set()
                 raise
-            if not first:
+            # a gigabyte of weights at hand is written from now on, while this thread makes the other buffers
+            # once every check has passed (nothing runs before then; a refusal stops the writes and lets the
+            # buffers go); other weights once every buffer is made (a file being read: not behind its read)
+            early = bool(first) and pkg._weights_at_hand()
+            if not early:
                 the_rest(made)
             if stop.is_set():  # (the constructor failed meanwhile)
                 return
-            # a gigabyte of weights written from now on, while this thread makes the other buffers once every
-            # check has passed (nothing runs before then; a refusal stops the writes and lets the buffers go)
             with self._gpu("uploading the weights"):  # (a mapped file's checked beside it: nothing runs before that passes)
                 pkg._while_checked(lambda weights: self._upload(
-                    uploads, weights, stop, dict(made), (lambda: the_rest(made)) if first else None), stop)
+                    uploads, weights, stop, dict(made), (lambda: the_rest(made)) if early else None), stop)
         self.upload_threads = UPLOAD_THREADS * (2 if big and _progress is None else 1)  # (the benchmarks record it)
         filled = None
         try:

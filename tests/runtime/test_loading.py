@@ -133,6 +133,12 @@ def test_a_blocking_load_shortens_pythons_switch_interval_while_it_runs(device, 
         Session(device, path).close()
         assert seen and all(v == pytest.approx(0.0001, rel=0.05) for v in seen)
         assert sys.getswitchinterval() == pytest.approx(0.0001, rel=0.05)
+        sys.setswitchinterval(host)
+        other = loading._switch_sooner(loading.SWITCH_INTERVAL)  # a background load, running on
+        sys.setswitchinterval(0.0002)  # the host's own, set meanwhile: still the host's when both end
+        Session(device, path).close()
+        other()
+        assert sys.getswitchinterval() == pytest.approx(0.0002, rel=0.05) and loading._switch["loads"] == 0
     finally:
         sys.setswitchinterval(host)
 

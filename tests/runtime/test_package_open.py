@@ -339,3 +339,58 @@ def test_a_file_whose_dispatches_break_the_rules_is_refused_by_a_session(big, de
     with pytest.raises(GPUOutOfMemoryError, match=f"the package needs [0-9.]+ MiB of GPU memory in {now} buffers"):
         Session(FailingDevice(device, len(held) + 1), path)  # (big: the first of the others; else one of the weights')
     assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("meganeura-")]
+
+
+@pytest.mark.parametrize("mapped", [True, False])
+def test_a_gigabytes_weights_are_written_beside_the_checks_unless_being_read(mapped, device, three_chunks, tmp_path,
+                                                                            monkeypatch):
+    """A gigabyte of weights at hand (mapped) is written from when its buffers are made, while
+    the manifest's kernels and dispatches are checked (slowed here), the other buffers made
+    after those checks; one being read (no mappings: Windows) is written once read, the other
+    buffers (and so the bind groups) made beside its read (slowed here), not behind it."""
+    import threading
+    import time
+    import zlib
+
+    from meganeura.runtime import session as session_module
+
+    data, w = three_chunks
+    path = tmp_path / "p.mnpk"
+    path.write_bytes(data)
+    monkeypatch.setattr(session_module, "BIG_UPLOAD", 0)
+    if not mapped:
+        def no_mappings(*a, **kw):
+            raise OSError("no mappings on this file system")
+        monkeypatch.setattr(package_module.mmap, "mmap", no_mappings)
+    crc, checked_end, lock = zlib.crc32, [], threading.Lock()
+
+    def slow_crc(*a):
+        time.sleep(0.3 if not mapped else 0)
+        out = crc(*a)
+        with lock:
+            checked_end.append(time.perf_counter())
+        return out
+    monkeypatch.setattr(package_module.zlib, "crc32", slow_crc)
+    check = session_module.check_workgroup_memory
+    monkeypatch.setattr(session_module, "check_workgroup_memory",
+                        lambda *a: time.sleep(0.3 if mapped else 0) or check(*a))
+    made, writes, allocate, write = {}, [], Session._allocate, Session._write
+
+    def allocate_spy(self, which, what, *rest):
+        out = allocate(self, which, what, *rest)
+        made[what] = time.perf_counter()
+        return out
+
+    def write_spy(self, t, value, *rest):
+        writes.append(time.perf_counter())
+        return write(self, t, value, *rest)
+    monkeypatch.setattr(Session, "_allocate", allocate_spy)
+    monkeypatch.setattr(Session, "_write", write_spy)
+    s = Session(device, path)
+    if mapped:
+        assert min(writes) < made["the package"] - 0.2  # (the writes did not wait for the slowed checks)
+    else:
+        assert made["the package"] < min(writes) and made["the package"] < max(checked_end) - 0.2
+    x = np.ones((2, 3000), np.float32)
+    np.testing.assert_allclose(s.run("infer", {"x": x})["y"], x.astype(np.float64) @ w.astype(np.float64) + 0.5,
+                               rtol=1e-4, atol=1e-4)
