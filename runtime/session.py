@@ -405,6 +405,7 @@ class Session(SessionWeights):
         if self._progress is not None:
             self._progress.tick()
 
+    # ---------------------------------------------------------------- running
     def record(self, encoder, program: str, start: int = 0, stop: int | None = None, pass_kwargs=None):
         """Encode dispatches [start, stop) of `program` as one compute pass into `encoder`."""
         steps = self._steps(program)[start:stop]
