@@ -397,11 +397,7 @@ class Session(SessionWeights):
     def _write_counted(self, t, value, stop, into):
         if stop.is_set():
             return
-        try:
-            self._write(t, value, into)
-        except BaseException:
-            stop.set()  # (the load fails: the writes not started yet are skipped at once)
-            raise
+        self._write(t, value, into)
         if self._progress is not None:
             self._progress.tick()
 
