@@ -18,6 +18,7 @@ import hashlib
 import re
 
 from ..runtime.package import MAX_LIFTED, QUICK
+from ..runtime.training_state import TRAINING
 from ..runtime.workgroup_memory import workgroup_bytes
 from . import wgsl
 from .lift_sizes import COMMENT, NAME, bracket_end, each_entry
@@ -175,13 +176,17 @@ def merge(kernels: list, programs: dict) -> tuple:
                  for c, e in ((None, d), *d.get("variants", {}).items()) if c != QUICK}
     quick = sorted({d["variants"][QUICK]["kernel"] for p in programs.values() for d in p["dispatches"]
                     if QUICK in d.get("variants", {})} - elsewhere)
+    # a Session compiles the training step's own kernels behind its load (runtime/training_state.py):
+    # they merge among themselves, the load's among its own
+    first = {d["variants"][QUICK]["kernel"] for name, p in programs.items() if name != TRAINING
+             for d in p["dispatches"] if QUICK in d.get("variants", {})}
     groups, parsed = {}, {}
     for i in quick:
         k = kernels[i]
         p = _parse(k) if k.get("lifted", 0) < MAX_LIFTED else None
         if p is not None:
             parsed[i] = p
-            groups.setdefault((tuple(sorted(p[0].items())), tuple(k["workgroup_size"])), []).append(i)
+            groups.setdefault((tuple(sorted(p[0].items())), tuple(k["workgroup_size"]), i in first), []).append(i)
     new_kernels, remap = list(kernels), {}
     for group in groups.values():
         for members in _bins(group, kernels):

@@ -34,6 +34,7 @@ def tensor_bytes(t: dict) -> int:
     return math.prod(t["shape"]) * np.dtype(DTYPES[t["dtype"]]).itemsize
 
 
-def kernels_of(manifest: dict, variant: str) -> set:
-    """The kernels a device running `variant` makes pipelines of."""
-    return {as_variant(d, variant)["kernel"] for p in manifest["programs"].values() for d in p["dispatches"]}
+def kernels_of(manifest: dict, variant: str, programs=None) -> set:
+    """The kernels a device running `variant` makes pipelines of (for `programs`, names: default all)."""
+    return {as_variant(d, variant)["kernel"] for name, p in manifest["programs"].items()
+            if programs is None or name in programs for d in p["dispatches"]}

@@ -160,15 +160,17 @@ class Session(SessionWeights):
             self.device_class = device_class or (
                 "cpu" if self.device.adapter.info.get("adapter_type") == "CPU" else "gpu")
             tuned = kernels_of(m, self.device_class)
-            first_variant, used = self.device_class, tuned  # the variant run first, and its kernels
+            first_variant = self.device_class  # the variant run first
             if quick_start and self.device_class == "gpu" and any(
                     QUICK in d.get("variants", {}) for p in m["programs"].values() for d in p["dispatches"]):
                 first_variant, self.tier = QUICK, QUICK  # (CPU rasterisers run their own variants)
-                used = kernels_of(m, QUICK)
-            check_workgroup_memory(m["kernels"], used | tuned,
+            first_programs = [name for name in m["programs"] if name != TRAINING] if later else None
+            # its kernels for the programs made now; the training step's own are compiled with its state
+            used = kernels_of(m, first_variant, first_programs)
+            behind = kernels_of(m, first_variant) - used
+            check_workgroup_memory(m["kernels"], used | behind | tuned,
                                    self.device.limits.get("max-compute-workgroup-storage-size", 16384))
             checked.set()  # (the manifest and the device's limits all checked: the other buffers may be made)
-            first_programs = [name for name in m["programs"] if name != TRAINING] if later else None
             # the driver compiles pipelines, and bind groups are made, on threads beside the buffers
             # and the weights' upload (buffers_and_weights, above)
             todo = [(i, k) for i, k in enumerate(m["kernels"]) if i in used]
@@ -181,7 +183,7 @@ class Session(SessionWeights):
                                        min(BIG_LOAD_THREADS, LOAD_THREADS) if big else LOAD_THREADS)
             groups = OnThread(lambda: make_bind_groups(self, first_variant, BIND_GROUP_THREADS, {}, stop, allocated,
                                                        first_programs), "meganeura-bind")
-            for i in tuned - used:  # (the tuned tier's, needed after the load: once the first tier's compiles are queued)
+            for i in (behind | tuned) - used:  # (needed after the load: once the first tier's compiles are queued)
                 self._layout(m["kernels"][i])
             if filled is None:
                 buffers_and_weights()
@@ -206,11 +208,13 @@ class Session(SessionWeights):
             raise
         first, self._groups = groups.wait()
         self._programs = assemble(first, self.kernels, self._groups)
-        self._training = TrainingState(self, later, first_variant) if later else None
+        behind_threads = default_threads() if _progress is None else _progress.threads  # (the host's frames go on
+        # beside them: a background load's threads, or the spare cores)
+        self._training = TrainingState(self, later, first_variant, {i: m["kernels"][i] for i in behind},
+                                       behind_threads) if later else None
         try:
-            if self.tier == QUICK:  # the host's frames go on beside it: a background load's threads, or the spare cores
-                self._tuned = TunedTier(self, tuned, default_threads() if _progress is None else _progress.threads,
-                                        BIND_GROUP_THREADS)
+            if self.tier == QUICK:
+                self._tuned = TunedTier(self, tuned, behind_threads, BIND_GROUP_THREADS)
         except BaseException:
             self.close()  # (the training state's thread stopped)
             raise
@@ -294,6 +298,8 @@ class Session(SessionWeights):
         quick_start Session still compiling its tuned kernels waits for those the driver has
         begun (up to a few tenths of a second on a first launch)."""
         self.closed = True
+        if self._tuned is not None:  # (first: it would start its compiles once the training state's stop)
+            self._tuned.stop_soon()
         for behind in filter(None, (self._training, self._tuned)):
             behind.cancel()
         self.buffers, self._programs, self.kernels, self._staging, self._layouts = [], {}, {}, {}, {}

@@ -142,20 +142,20 @@ def run_on_threads(tasks, threads: int | None = None):
         raise errors[0]
 
 
-def in_background(calls: dict, threads: int):
+def in_background(calls: dict, threads: int, name: str = "meganeura-load"):
     """Start key -> (fn, *args) calls on up to `threads` threads (0: on the caller's, when
     asked), in the dict's order; returns finish(quiet=False) -> key -> result, which waits for
     them and raises the error of the first call (in that order) that failed (the calls not
     started when one fails are skipped); quiet: cancels
     what has not started and returns nothing. Drivers compile pipelines on the calling thread
     and allow several at once (NVIDIA: ~15 ms each, cold; lavapipe, 2 cores: DINOv2's 118
-    kernels 0.40 -> 0.20 s on threads)."""
+    kernels 0.40 -> 0.20 s on threads). `name`: its threads' names' prefix."""
     workers = min(threads, os.cpu_count() or 1, len(calls))
     if workers <= 0:
         return lambda quiet=False: {} if quiet else {key: fn(*args) for key, (fn, *args) in calls.items()}
     from concurrent.futures import ThreadPoolExecutor
 
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="meganeura-load")
+    pool = ThreadPoolExecutor(workers, thread_name_prefix=name)
     failed = threading.Event()  # once a call fails, those not started yet are skipped at once (not when
     # the caller's thread gets to finish): finish raises that error, and calls start in order, so no
     # skipped call comes before it

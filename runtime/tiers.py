@@ -54,26 +54,40 @@ def assemble(forms: dict, kernels: dict, groups: dict) -> dict:
 
 class TunedTier:
     """The tuned kernels (`used`, the Session's device class's) compiled on `threads` threads
-    behind a Session running its quick tier, their bind groups made, then every program swapped
-    at once (record() takes a program's list whole: a recording has one tier or the other, and
-    both compute the same). The quick tier's objects are kept until the Session closes. If the
+    behind a Session running its quick tier (after the training step's own quick kernels,
+    runtime/training_state.py), their bind groups made, then every program swapped at once
+    (record() takes a program's list whole: a recording has one tier or the other, and both
+    compute the same). The quick tier's objects are kept until the Session closes. If the
     tuned kernels cannot be made (a kernel the WGSL compiler rejects, memory), the Session
     goes on with its quick tier: a RuntimeWarning says so, and wait_tuned() raises the error."""
 
     def __init__(self, session, used: set, threads: int, bind_threads: int):
-        self.session, self.error, self._bind_threads = session, None, bind_threads
-        self._cancel = threading.Event()
-        kernels = session.package.manifest["kernels"]
-        todo = longest_first([(i, kernels[i]) for i in used - set(session.kernels)])
-        self._compiles = in_background({i: (session._pipeline, i, k, False) for i, k in todo}, threads)
+        self.session, self.error, self._bind_threads, self._threads = session, None, bind_threads, threads
+        self._cancel, self._lock, self._compiles = threading.Event(), threading.Lock(), None
+        kernels, training = session.package.manifest["kernels"], session._training
+        todo = used - set(session.kernels) - (training.compiling if training is not None else set())
+        self._calls = {i: (session._pipeline, i, k, False) for i, k in longest_first([(i, kernels[i]) for i in todo])}
         self._thread = OnThread(self._swap_in, name="meganeura-tuned")
+
+    def _compile(self) -> dict:
+        """The tuned kernels' pipelines, begun once the training step's own end (it waits for
+        those; one pool at a time keeps the host's cores as the Session was told)."""
+        training = self.session._training
+        while training is not None and not training.compiled.done() and not self._cancel.wait(0.005):
+            pass
+        with self._lock:  # (cancel() finds the pool made here, or this finds it cancelled)
+            if self._cancel.is_set():
+                raise RuntimeError("this session was closed")
+            self._compiles = in_background(self._calls, self._threads, "meganeura-tuned")
+        return self._compiles()
 
     def _swap_in(self):
         s = self.session
         try:
-            made = {**s.kernels, **self._compiles()}
+            compiled = self._compile()
             if s._training is not None:  # its program made with the quick tier first, then swapped with the rest
                 s._training.join()
+            made = {**s.kernels, **compiled}  # (the training step's own kernels among them, once it is made)
             forms, groups = make_bind_groups(s, s.device_class, self._bind_threads, s._groups, self._cancel,
                                              programs=tuple(s._programs))
             programs = assemble(forms, made, groups)
@@ -92,8 +106,15 @@ class TunedTier:
         if self.error is not None:
             raise again(self.error, "the tuned kernels were not made")
 
+    def stop_soon(self) -> None:
+        """Start nothing more (cancel() then waits): a Session closing sets it first."""
+        self._cancel.set()
+
     def cancel(self) -> None:
         """Stop compiling what has not started, and wait for what has (a Session closing)."""
         self._cancel.set()
-        self._compiles(quiet=True)
+        with self._lock:
+            compiles = self._compiles
+        if compiles is not None:
+            compiles(quiet=True)
         self._thread.join()

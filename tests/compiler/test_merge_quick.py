@@ -121,6 +121,20 @@ def test_a_kernel_another_tier_runs_is_not_merged():
     assert not any("merged" in k["label"] for k in new)
 
 
+def test_the_training_steps_own_kernels_merge_apart_from_the_loads():
+    """A Session compiles the kernels only the training step runs behind its load
+    (runtime/training_state.py): no merged pipeline holds both kinds."""
+    kernels = [_kernel(SUM.replace("{{N}}", "64") + "\n" * i) for i in range(4)]
+    both = _programs(kernels)["infer"]["dispatches"]
+    programs = {"infer": {"dispatches": both[:2]}, "train_step": {"dispatches": both[1:]}}  # kernel 1 in both
+    new, out = merge_quick.merge(kernels + [_kernel(SUM.replace("{{N}}", "64") + f"// t{i}\n") for i in range(4)],
+                                 programs)
+    members = {name: {d["variants"][QUICK]["kernel"] for d in p["dispatches"]} for name, p in out.items()}
+    cases = {name: sorted(new[i]["wgsl"].count("    case ") for i in ks) for name, ks in members.items()}
+    assert cases == {"infer": [2], "train_step": [2, 2]}  # kernels 0 and 1 merged, 2 and 3 apart from them
+    assert len(members["train_step"] - members["infer"]) == 1
+
+
 def test_the_merged_quick_tier_trains_as_it_did_unmerged(device, hold_tuned, cnn_with_size_variants, monkeypatch):
     model, inputs = cnn_with_size_variants
     plain, merged = _package(model, False, monkeypatch), _package(model, True, monkeypatch)

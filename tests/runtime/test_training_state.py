@@ -105,3 +105,36 @@ def test_a_session_closed_while_its_training_state_is_made_stops_it(device, pack
     assert "closed" in str(s.training_error) and s.allocated_bytes == at_load
     with pytest.raises(RuntimeError, match="closed"):
         s.run("train_step", _batch(0))
+
+
+def test_the_training_steps_own_kernels_compile_behind_the_load(device, package, expected, monkeypatch):
+    """The load compiles what inference runs; the training step's own kernels compile beside its
+    state (a first launch's driver time, most of it theirs). One the WGSL compiler rejects is
+    the training step's error, named; inference runs on."""
+    from meganeura.runtime import PackageError
+    from meganeura.runtime.package import kernels_of
+
+    m = package.manifest
+    variant = "cpu" if device.adapter.info.get("adapter_type") == "CPU" else "gpu"  # (as `expected` ran)
+    at_load, own = kernels_of(m, variant, ("infer",)), kernels_of(m, variant) - kernels_of(m, variant, ("infer",))
+    assert at_load and own
+    made, real = [], Session._pipeline
+
+    def spy(self, i, *rest):
+        made.append((i, threading.current_thread().name))
+        return real(self, i, *rest)
+    monkeypatch.setattr(Session, "_pipeline", spy)
+    with Session(device, package) as s:
+        np.testing.assert_array_equal(s.run("infer", {"x": _batch(0)["x"]})["logits"], expected[0])
+        np.testing.assert_array_equal([s.run("train_step", _batch(i))["loss"] for i in range(2)], expected[1])
+    behind = {i for i, name in made if name.startswith("meganeura-training")}
+    assert {i for i, _ in made} - behind == at_load and behind == own
+
+    broken = dict(m, kernels=[dict(k, wgsl=k["wgsl"] + "\nfn broken() { let x: f32 = 1u; }") if i in own else k
+                              for i, k in enumerate(m["kernels"])])
+    with Session(device, Package(broken, package.weights)) as s:
+        np.testing.assert_array_equal(s.run("infer", {"x": _batch(0)["x"]})["logits"], expected[0])
+        with pytest.raises(PackageError, match=r"kernel \d+ .* rejected by the WGSL compiler"):
+            s.run("train_step", _batch(0))
+        assert isinstance(s.training_error, PackageError)
+        np.testing.assert_array_equal(s.run("infer", {"x": _batch(0)["x"]})["logits"], expected[0])
