@@ -61,7 +61,8 @@ class Session(SessionWeights):
         further where the driver has no robust buffer access), past its workgroup memory,
         or loop until the driver resets the GPU. `quick_start=True`: return once the quick
         tier's kernels are made (few, and cheap to compile: a first launch's driver compile is
-        most of its load), and run them until the tuned ones, compiled behind them on threads,
+        most of its load; in a training package, those of the training step alone are made with
+        its training state, runtime/training_state.py), and run them until the tuned ones, compiled behind them on threads,
         take their place (`tier`, `wait_tuned()`); they compute the same, more slowly. While
         it loads, Python's switch interval is at most loading.SWITCH_INTERVAL (then restored)."""
         if device_class not in (None, "cpu", "gpu"):

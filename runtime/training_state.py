@@ -3,7 +3,7 @@
 The buffers only the training step binds (gradients, optimizer moments, the activations its
 backward pass keeps, its labels) are most of a training package's memory: SD-1.5's 11.7 of
 15.0 GiB, ResNet-50's 1.4 of 1.7; the kernels only it runs are most of its pipelines (SD-1.5's
-quick tier: 73 of 113 kernels, 66% of their WGSL). A Session returns once what inference needs
+quick tier at load: 23 pipelines instead of 60). A Session returns once what inference needs
 is made (its pipelines, the weights uploaded) and makes the rest behind it, as PyTorch makes an
 optimizer's state at its first step; whatever uses the training step, or one of those buffers,
 before they exist waits for them (`Session.training_ready` says whether it would), and a kernel
