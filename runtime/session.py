@@ -296,8 +296,8 @@ class Session(SessionWeights):
     def close(self) -> None:
         """Let go of this session's GPU objects. They are released, never destroyed: wgpu
         frees each one once no submitted (or still recorded) command buffer uses it. A
-        quick_start Session still compiling its tuned kernels waits for those the driver has
-        begun (up to a few tenths of a second on a first launch)."""
+        Session still compiling its tuned kernels, or its training step's own, waits for those the
+        driver has begun (up to a few tenths of a second on a first launch)."""
         self.closed = True
         if self._tuned is not None:  # (first: it would start its compiles once the training state's stop)
             self._tuned.stop_soon()

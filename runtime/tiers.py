@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import warnings
 
+from .format import kernels_of
 from .threads import OnThread, again, in_background
 
 
@@ -64,8 +65,11 @@ class TunedTier:
     def __init__(self, session, used: set, threads: int, bind_threads: int):
         self.session, self.error, self._bind_threads, self._threads = session, None, bind_threads, threads
         self._cancel, self._lock, self._compiles = threading.Event(), threading.Lock(), None
-        kernels, training = session.package.manifest["kernels"], session._training
-        todo = used - set(session.kernels) - (training.compiling if training is not None else set())
+        m, training = session.package.manifest, session._training
+        kernels, todo = m["kernels"], used - set(session.kernels)
+        if training is not None:  # not those it compiles, but for what the other programs run (whatever becomes of it)
+            others = [p for p in m["programs"] if p != training.program]
+            todo -= training.compiling - kernels_of(m, session.device_class, others)
         self._calls = {i: (session._pipeline, i, k, False) for i, k in longest_first([(i, kernels[i]) for i in todo])}
         self._thread = OnThread(self._swap_in, name="meganeura-tuned")
 

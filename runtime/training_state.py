@@ -83,12 +83,14 @@ class TrainingState:
     compiles end, and waits for the rest before it swaps), on threads started at once."""
 
     def __init__(self, session, later: set, variant: str, kernels: dict, threads: int):
-        self.session, self.error = session, None
+        self.session, self.error, self.program = session, None, TRAINING
         self.compiling = set(kernels)
         stopping = threading.Event()
 
         def compile_one(i, k):
-            return None if stopping.is_set() else session._pipeline(i, k, False)
+            if stopping.is_set():
+                raise RuntimeError("this session was closed")
+            return session._pipeline(i, k, False)
         calls = {i: (compile_one, i, k) for i, k in longest_first(list(kernels.items()))}
         self._stop_compiles = stopping.set
         self.compiled = OnThread(lambda: in_background(calls, threads, "meganeura-training")(), "meganeura-training")

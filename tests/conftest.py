@@ -72,15 +72,18 @@ def cnn_with_size_variants():
 @pytest.fixture
 def hold_tuned(monkeypatch):
     """An event the tuned tier's compiles (Session._pipeline on its pool's threads) wait for; set
-    when the test ends, whatever happened, so that no compile thread outlives it."""
+    when the test ends, whatever happened, so that no compile thread outlives it. Its `began`
+    (an event) is set once one of them waits."""
     import threading
 
     from meganeura.runtime import Session
 
     gate, real = threading.Event(), Session._pipeline
+    gate.began = threading.Event()
 
     def held(self, i, k, counted=True):
         if threading.current_thread().name.startswith("meganeura-tuned"):
+            gate.began.set()
             assert gate.wait(60)
         return real(self, i, k, counted)
     monkeypatch.setattr(Session, "_pipeline", held)

@@ -79,6 +79,7 @@ def test_closing_while_the_tuned_tier_compiles_stops_it(device, hold_tuned, cnn)
     _, inputs, pkg = cnn
     before = set(threading.enumerate())
     s = Session(device, pkg, device_class="gpu", quick_start=True)
+    assert hold_tuned.began.wait(60)  # (its compiles begin once the training step's own have ended)
     threading.Timer(0.2, hold_tuned.set).start()  # the compiles under way finish; the others never start
     s.close()
     assert s.tier == "quick" and s.programs == {}
@@ -105,6 +106,36 @@ def test_a_tuned_kernel_the_compiler_rejects_leaves_the_quick_tier_running(devic
     np.testing.assert_allclose(_steps(s, inputs, 2), _steps(Session(device, pkg, device_class="gpu"), inputs, 2),
                                rtol=1e-5)
     s.close()
+
+
+def test_a_training_state_that_fails_leaves_the_tuned_tier_whole(device, cnn, monkeypatch):
+    """The training state compiles the kernels only the training step runs in the quick tier;
+    one of those that inference runs in the tuned tier (a training dispatch with no quick
+    variant of its own) is compiled for the tuned tier too when the training state fails."""
+    import copy
+
+    from meganeura.runtime import GPUOutOfMemoryError
+
+    _, inputs, pkg = cnn
+    m = copy.deepcopy(pkg.manifest)
+    tuned_infer, quick_infer = kernels_of(m, "gpu", ["infer"]), kernels_of(m, QUICK, ["infer"])
+    d = next(d for d in m["programs"]["train_step"]["dispatches"]
+             if QUICK in d.get("variants", {}) and d["kernel"] in tuned_infer and d["kernel"] not in quick_infer)
+    del d["variants"][QUICK]  # its tuned kernel is now a quick kernel only the training step runs
+    real = Session._allocate
+
+    def failing(self, which, what, *rest):
+        if what == "the training state":
+            raise GPUOutOfMemoryError("the training state does not fit (a test)")
+        return real(self, which, what, *rest)
+    monkeypatch.setattr(Session, "_allocate", failing)
+    with Session(device, Package(m, pkg.weights), device_class="gpu", quick_start=True) as s:
+        want = s.run("infer", {"x": inputs["x"]})["y"]
+        s.wait_tuned(timeout=60)
+        assert s.tier == "tuned" and isinstance(s.training_error, GPUOutOfMemoryError)
+        np.testing.assert_allclose(s.run("infer", {"x": inputs["x"]})["y"], want, rtol=1e-4, atol=1e-5)
+        with pytest.raises(GPUOutOfMemoryError):
+            s.run("train_step", inputs)
 
 
 def test_cpu_rasterisers_run_their_own_kernels_from_the_start(device, cnn):
