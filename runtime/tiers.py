@@ -65,24 +65,25 @@ class TunedTier:
     def __init__(self, session, used: set, threads: int, bind_threads: int):
         self.session, self.error, self._bind_threads, self._threads = session, None, bind_threads, threads
         self._cancel, self._lock, self._compiles = threading.Event(), threading.Lock(), None
-        m, training = session.package.manifest, session._training
-        kernels, todo = m["kernels"], used - set(session.kernels)
-        if training is not None:  # not those it compiles, but for what the other programs run (whatever becomes of it)
-            others = [p for p in m["programs"] if p != training.program]
-            todo -= training.compiling - kernels_of(m, session.device_class, others)
-        self._calls = {i: (session._pipeline, i, k, False) for i, k in longest_first([(i, kernels[i]) for i in todo])}
+        self._used = used
         self._thread = OnThread(self._swap_in, name="meganeura-tuned")
 
     def _compile(self) -> dict:
         """The tuned kernels' pipelines, begun once the training step's own end (it waits for
         those; one pool at a time keeps the host's cores as the Session was told)."""
-        training = self.session._training
+        s = self.session
+        m, training = s.package.manifest, s._training
+        todo = self._used - set(s.kernels)
+        if training is not None:  # not those it compiles, but for what the other programs run (whatever becomes of it)
+            others = [p for p in m["programs"] if p != training.program]
+            todo -= training.compiling - kernels_of(m, s.device_class, others)
+        calls = {i: (s._pipeline, i, k, False) for i, k in longest_first([(i, m["kernels"][i]) for i in todo])}
         while training is not None and not training.compiled.done() and not self._cancel.wait(0.005):
             pass
         with self._lock:  # (cancel() finds the pool made here, or this finds it cancelled)
             if self._cancel.is_set():
                 raise RuntimeError("this session was closed")
-            self._compiles = in_background(self._calls, self._threads, "meganeura-tuned")
+            self._compiles = in_background(calls, self._threads, "meganeura-tuned")
         return self._compiles()
 
     def _swap_in(self):

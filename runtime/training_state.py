@@ -85,15 +85,9 @@ class TrainingState:
     def __init__(self, session, later: set, variant: str, kernels: dict, threads: int):
         self.session, self.error, self.program = session, None, TRAINING
         self.compiling = set(kernels)
-        stopping = threading.Event()
-
-        def compile_one(i, k):
-            if stopping.is_set():
-                raise RuntimeError("this session was closed")
-            return session._pipeline(i, k, False)
-        calls = {i: (compile_one, i, k) for i, k in longest_first(list(kernels.items()))}
-        self._stop_compiles = stopping.set
-        self.compiled = OnThread(lambda: in_background(calls, threads, "meganeura-training")(), "meganeura-training")
+        self._compiles = in_background({i: (session._pipeline, i, k, False) for i, k in longest_first(
+            list(kernels.items()))}, threads, "meganeura-training")
+        self.compiled = OnThread(self._compiles, "meganeura-training")
         self._thread = Stoppable(lambda cancel: self._make(later, variant, cancel), name="meganeura-training")
 
     def _make(self, later, variant, cancel):
@@ -109,8 +103,9 @@ class TrainingState:
                 raise RuntimeError("this session was closed")
             programs = assemble(forms, {**s.kernels, **kernels}, groups)
         except BaseException as exc:  # noqa: BLE001  (raised where the training step is asked for)
-            self.error = exc
-            self._stop_compiles()  # (of no use now)
+            self.error = RuntimeError("this session was closed") if cancel.is_set() else exc  # (its compiles
+            # cancelled: what stopped them)
+            self._compiles(quiet=True)  # (of no use now)
             s.allocated_bytes -= sum(b.size for b in made.values())
             s.buffers.fail(exc)
             return
@@ -132,7 +127,8 @@ class TrainingState:
             raise again(self.error, "the training state was not made")
 
     def cancel(self) -> None:
-        self._stop_compiles()  # (those begun end; the others are skipped)
+        self._thread.stopping.set()  # (first: whatever stops now reads as the session closing)
+        self._compiles(quiet=True)  # (those begun end; the others are cancelled)
         self._thread.stop()
         self.compiled.join()
 

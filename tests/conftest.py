@@ -91,6 +91,21 @@ def hold_tuned(monkeypatch):
     gate.set()
 
 
+@pytest.fixture
+def training_state_out_of_memory(monkeypatch):
+    """Sessions whose training state cannot be allocated (GPUOutOfMemoryError, as the device
+    would say it); everything else is made as usual."""
+    from meganeura.runtime import GPUOutOfMemoryError, Session
+
+    real = Session._allocate
+
+    def failing(self, which, what, *rest):
+        if what == "the training state":
+            raise GPUOutOfMemoryError("the training state needs more than this test allows")
+        return real(self, which, what, *rest)
+    monkeypatch.setattr(Session, "_allocate", failing)
+
+
 @pytest.fixture(scope="session")
 def mlp_training_bytes() -> bytes:
     """A small training package's file (two linear layers, AdamW): the runtime's fault tests'."""

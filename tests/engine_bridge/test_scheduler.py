@@ -323,16 +323,10 @@ def test_training_waits_for_frames_in_which_the_training_state_exists(device, se
     assert sched.steps_done == 1
 
 
-def test_a_training_state_that_cannot_be_made_stops_training_not_the_frames(device, seg_package, monkeypatch):
+def test_a_training_state_that_cannot_be_made_stops_training_not_the_frames(device, seg_package,
+                                                                            training_state_out_of_memory):
     from meganeura.runtime import GPUOutOfMemoryError
 
-    real = Session._allocate
-
-    def failing(self, which, what, *rest):
-        if what == "the training state":
-            raise GPUOutOfMemoryError("the training state needs more than this test allows")
-        return real(self, which, what, *rest)
-    monkeypatch.setattr(Session, "_allocate", failing)
     session = Session(device, seg_package)
     sched = FrameScheduler(session, BUDGET_MS)
     rb = sched.readback("logits")

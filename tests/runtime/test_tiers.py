@@ -108,7 +108,7 @@ def test_a_tuned_kernel_the_compiler_rejects_leaves_the_quick_tier_running(devic
     s.close()
 
 
-def test_a_training_state_that_fails_leaves_the_tuned_tier_whole(device, cnn, monkeypatch):
+def test_a_training_state_that_fails_leaves_the_tuned_tier_whole(device, cnn, training_state_out_of_memory):
     """The training state compiles the kernels only the training step runs in the quick tier;
     one of those that inference runs in the tuned tier (a training dispatch with no quick
     variant of its own) is compiled for the tuned tier too when the training state fails."""
@@ -122,13 +122,6 @@ def test_a_training_state_that_fails_leaves_the_tuned_tier_whole(device, cnn, mo
     d = next(d for d in m["programs"]["train_step"]["dispatches"]
              if QUICK in d.get("variants", {}) and d["kernel"] in tuned_infer and d["kernel"] not in quick_infer)
     del d["variants"][QUICK]  # its tuned kernel is now a quick kernel only the training step runs
-    real = Session._allocate
-
-    def failing(self, which, what, *rest):
-        if what == "the training state":
-            raise GPUOutOfMemoryError("the training state does not fit (a test)")
-        return real(self, which, what, *rest)
-    monkeypatch.setattr(Session, "_allocate", failing)
     with Session(device, Package(m, pkg.weights), device_class="gpu", quick_start=True) as s:
         want = s.run("infer", {"x": inputs["x"]})["y"]
         s.wait_tuned(timeout=60)
