@@ -172,7 +172,7 @@ def _check_dispatch(d, dw, kernels, buffers, version) -> None:
         if cls == QUICK and version < 5:
             _fail(f"{vw}: format version {version} has no quick variants")
         _dict(v, vw)
-        if set(v) - {"kernel", "workgroups", "lifted"}:  # a variant swaps the kernel, never what it binds
+        if set(v) - _VARIANT_KEYS:  # a variant swaps the kernel, never what it binds
             _fail(f"{vw}: a variant holds only 'kernel', 'workgroups' and 'lifted', not {sorted(set(v))!r:.60}")
         kv = _int(_key(v, "kernel", vw), f"{vw}.kernel", 0, len(kernels) - 1)
         if kernels[kv]["access"] != kernels[k]["access"]:
