@@ -50,7 +50,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.bench_workload:
         return _in_bench_process(args.bench_workload, args.repeat)
-    from meganeura.compiler import blob, compile_model
+    from meganeura.compiler.package import blob
+    from meganeura.compiler import compile_model
     from meganeura.compiler import compile as compile_module
 
     if args.no_reserve:

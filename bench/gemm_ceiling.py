@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import GpuTimer  # noqa: E402
 
-from meganeura.compiler.wgsl import fill  # noqa: E402
+from meganeura.compiler.codegen.wgsl import fill  # noqa: E402
 
 KERNELS = Path(__file__).resolve().parent / "kernels"
 # (tile rows, tile cols, rows per thread, cols per thread, BK, warp layout across x down, fma builtin);
@@ -289,7 +289,7 @@ CHECK_PLANS = {"1 K step per trip": {"k_unroll": 1, "k_unroll_long": 1, **_ROWS}
 def checks(run: Runner, size: int, rows: list, torch_ok: bool = False, only=None):
     """The compiled kernel with and without wgpu's shader checks (the Session's default has
     them), under CHECK_PLANS' GEMM_PLAN settings."""
-    from meganeura.compiler.codegen_gemm import GEMM_PLAN
+    from meganeura.compiler.codegen.gemm import GEMM_PLAN
 
     if torch_ok:
         _torch_single(size, rows)

@@ -108,7 +108,7 @@ def _gemm_model(m, k, n, epi):
         b.output("y", y)
         inputs = {"x": rng.standard_normal((m, k, n, n)).astype(np.float32)}
         if epi == "conv3x3_grad":
-            from meganeura.compiler.autodiff import gradients
+            from meganeura.compiler.ir.autodiff import gradients
 
             ct = b.input("ct", y.shape)
             grads = gradients(b.e, b.sum(y * ct).id, [x.id, w.id])
@@ -139,7 +139,7 @@ def _attention_model(b_, h, s, t, d):
 
 def _attention_backward_model(b_, h, s, t, d):
     from meganeura.compiler import Builder
-    from meganeura.compiler.autodiff import gradients
+    from meganeura.compiler.ir.autodiff import gradients
 
     rng = np.random.default_rng(0)
     b = Builder()
@@ -239,7 +239,7 @@ def main(argv=None):
             ap.error(f"no plan's name contains any of {args.plans}")
     global GEMMS, ATTENTIONS, ITERS
     if args.big_only:
-        from meganeura.compiler.codegen_gemm import gemm_plan
+        from meganeura.compiler.codegen.gemm import gemm_plan
 
         def conv(g):
             return g[3].startswith("conv")
@@ -258,7 +258,7 @@ def main(argv=None):
     if args.smoke:
         ATTENTION_BACKWARDS[:] = [(1, 2, 40, 30, 8)]
         GEMMS, ATTENTIONS, ITERS = [(33, 40, 20, "gelu"), (20, 600, 30, "bias"), (1, 4, 6, "conv3x3")], [(1, 2, 40, 300, 8)], 3
-    from meganeura.compiler import codegen_attention, codegen_gemm
+    from meganeura.compiler.codegen import attention as codegen_attention, gemm as codegen_gemm
     from meganeura.runtime.device import default_device
 
     device = default_device()
@@ -293,7 +293,7 @@ def main(argv=None):
         print(json.dumps(row), flush=True)
         rows.append(row)
     codegen_attention.ATTENTION_PLAN.update(saved_a)
-    from meganeura.compiler import ops_layers
+    from meganeura.compiler.ir import ops_layers
 
     saved_b = dict(codegen_attention.ATTENTION_BWD_PLAN)
     saved_l = {k: getattr(ops_layers, k) for k in ("BACKWARD_BUDGET", "SCORES_IN_MEMORY_MAX", "SCORES_PARAM_SHARE")}

@@ -104,12 +104,12 @@ def main(argv=None):
                          "(driver_start.py)")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
-    from meganeura.compiler import lift_sizes
+    from meganeura.compiler.codegen import lift_sizes
     from meganeura.runtime import Package, Session
 
     lift_sizes.ENABLED = not args.no_lift_sizes
     lift_sizes.QUICK_DIVISORS = not args.quick_keep_divisors
-    from meganeura.compiler.gemm_plan import GEMM_PLAN
+    from meganeura.compiler.codegen.gemm_plan import GEMM_PLAN
 
     for setting in args.plan:
         key, value = setting.split("=")

@@ -79,10 +79,10 @@ def main(argv=None):
     ap.add_argument("--quick-keep-divisors", action="store_true", help="lift_sizes.QUICK_DIVISORS = False")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
-    from meganeura.compiler import lift_sizes
+    from meganeura.compiler.codegen import lift_sizes
 
     lift_sizes.QUICK_DIVISORS = not args.quick_keep_divisors
-    from meganeura.compiler.codegen_gemm import GEMM_PLAN
+    from meganeura.compiler.codegen.gemm import GEMM_PLAN
 
     lift_sizes.ENABLED = not args.no_lift_sizes
 

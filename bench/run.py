@@ -39,67 +39,67 @@ TARGETS = "train median <= 1.2x, none > 2x; inference median <= 1.0x; memory <= 
 
 SESSION_OPTIONS = {}  # Session keyword arguments from the command line
 
-# compiler settings the command line can change for an A/B run: flag -> (module of
-# meganeura.compiler, setting (a name, or (dict name, key)), the value a switch sets (None: the
-# flag takes a number), what it does)
+# compiler settings the command line can change for an A/B run: flag -> (CompileOptions field,
+# or (plan, key) of one of its tile plans; the value a switch sets (None: the flag takes a
+# number); what it does)
 EXPERIMENTS = {
-    "--pointwise-conv-as-conv": ("prepare", "POINTWISE_CONV_AS_MATMUL", False,
+    "--pointwise-conv-as-conv": ("pointwise_conv_as_matmul", False,
                                  "1x1 convolutions on the convolution kernels, not as matmuls"),
-    "--no-sink-chains": ("schedule", "SINK_CHAINS", False, "recomputed chains run where autodiff put them"),
-    "--no-arenas": ("arenas", "ARENAS", False, "each parameter, its gradient and its optimizer state in "
+    "--no-sink-chains": ("sink_chains", False, "recomputed chains run where autodiff put them"),
+    "--no-arenas": ("arenas", False, "each parameter, its gradient and its optimizer state in "
                     "buffers of their own; one update kernel per parameter"),
-    "--columns-split-from": ("reductions", "COLUMNS_SPLIT_FROM", None,
-                             "column reductions over fewer rows run unsplit"),
-    "--regs64": ("codegen_gemm", ("GEMM_PLAN", "regs64"), True, "64-tiles with 8x8 outputs per thread"),
-    "--looped-staging": ("codegen_gemm", ("GEMM_PLAN", "straight_staging"), False,
-                         "64- and 32-tiles stage their entries in a loop (as before straight staging)"),
-    "--conv-vec4-weights": ("codegen_gemm", ("GEMM_PLAN", "conv_vec4_weights"), True,
-                            "convolutions read 4 k of a weight row at once"),
-    "--double-buffer": ("codegen_gemm", ("GEMM_PLAN", "double_buffer"), True,
-                        "128-tiles: K steps of 8 on two tile buffers, one barrier per step"),
-    "--big-split": ("codegen_gemm", ("GEMM_PLAN", "big_split"), None,
+    "--looped-staging": (("gemm", "straight_staging"), False,
+                         "64- and 32-tiles stage their entries in a loop, not straight"),
+    "--big-split": (("gemm", "big_split"), None,
                     "convolutions too few for 128-tiles split K over up to this many slices on them (0: 64-tiles)"),
-    "--warp-rows": ("codegen_gemm", ("GEMM_PLAN", "warp_rows"), None,
+    "--warp-rows": (("gemm", "warp_rows"), None,
                     "128-tiles: a warp covers 32 / N x N threads (2: 16 x 2, 4: 8 x 4)"),
-    "--warp-rows-small": ("codegen_gemm", ("GEMM_PLAN", "warp_rows_small"), None,
+    "--warp-rows-small": (("gemm", "warp_rows_small"), None,
                           "64-tiles: a warp covers 32 / N x N threads (2: 16 x 2, 4: 8 x 4)"),
-    "--k-unroll": ("codegen_gemm", ("GEMM_PLAN", "k_unroll"), None, "128-tiles: K steps per loop trip"),
-    "--k-unroll-long": ("codegen_gemm", ("GEMM_PLAN", "k_unroll_long"), None,
-                        "128-tiles whose slices span GEMM_PLAN long_k or more: K steps per loop trip"),
-    "--k-unroll-small": ("codegen_gemm", ("GEMM_PLAN", "k_unroll_small"), None, "64- and 32-tiles: K steps per loop trip"),
-    "--no-store4": ("codegen_gemm", ("GEMM_PLAN", "store4"), False,
+    "--k-unroll": (("gemm", "k_unroll"), None, "128-tiles: K steps per loop trip"),
+    "--k-unroll-long": (("gemm", "k_unroll_long"), None,
+                        "128-tiles whose slices span the plan's long_k or more: K steps per loop trip"),
+    "--k-unroll-small": (("gemm", "k_unroll_small"), None, "64- and 32-tiles: K steps per loop trip"),
+    "--no-store4": (("gemm", "store4"), False,
                     "GEMM results stored one at a time (store4 as 4 store() calls: nothing shared)"),
-    "--k-rows-fastest": ("codegen_gemm", ("GEMM_PLAN", "k_rows_fastest"), True,
-                         "K-contiguous operands staged 32 rows' same 4 k per warp"),
-    "--flat-tiles": ("codegen_gemm", ("GEMM_PLAN", "tiles_2d"), False,
+    "--flat-tiles": (("gemm", "tiles_2d"), False,
                      "GEMM tiles indexed k * groups + group, not [k][group] (the bounds checks' clamps in the inner loop)"),
-    "--no-lift-sizes": ("lift_sizes", "ENABLED", False, "each size variant of a kernel a kernel of its own"),
-    "--no-merge-quick": ("merge_quick", "ENABLED", False, "each quick-tier kernel a pipeline of its own (not merged)"),
-    "--no-split-groups": ("codegen_gemm", ("GEMM_PLAN", "split_groups"), False,
+    "--no-lift-sizes": ("lift_sizes", False, "each size variant of a kernel a kernel of its own"),
+    "--no-merge-quick": ("merge_quick", False, "each quick-tier kernel a pipeline of its own (not merged)"),
+    "--no-split-groups": (("gemm", "split_groups"), False,
                           "128-tiles' rows typed [group], not [half][thread] (nor k by quads)"),
-    "--big-bk": ("codegen_gemm", ("GEMM_PLAN", "big_bk"), None, "128-tile matmuls' K step (16 or 8)"),
-    "--attention-tiles-2d": ("codegen_attention", ("ATTENTION_PLAN", "tiles_2d"), True,
-                             "the forward attention's key and value tiles indexed [key][vec4] (lost: flat by default)"),
-    "--attention-bwd-flat-tiles": ("codegen_attention", ("ATTENTION_BWD_PLAN", "tiles_2d"), False,
+    "--big-bk": (("gemm", "big_bk"), None, "128-tile matmuls' K step (16 or 8)"),
+    "--attention-tiles-2d": (("attention", "tiles_2d"), True,
+                             "the forward attention's key and value tiles indexed [key][vec4], not flat"),
+    "--attention-bwd-flat-tiles": (("attention_backward", "tiles_2d"), False,
                                    "the fused attention backward's tiles flat, not [row][column]"),
-    "--attention-fill": ("codegen_attention", ("ATTENTION_BWD_PLAN", "fill"), None,
+    "--attention-fill": (("attention_backward", "fill"), None,
                          "workgroups the fused attention backward aims for by cutting its loops (0: whole loops)"),
 }
 
 
-def _apply_experiments(args) -> dict:
-    """Set what the command line asks of EXPERIMENTS; returns every one's value as compiled."""
-    import importlib
+def _compile_options(args):
+    """The CompileOptions the command line asks for (EXPERIMENTS), and every experiment's
+    value as compiled, for the results file."""
+    from meganeura.compiler.options import CompileOptions
 
-    settings = {}
-    for flag, (module, setting, value, _) in EXPERIMENTS.items():
-        mod = importlib.import_module(f"meganeura.compiler.{module}")
-        holder, key = (getattr(mod, setting[0]), setting[1]) if isinstance(setting, tuple) else (vars(mod), setting)
+    changes, plans = {}, {}
+    for flag, (setting, value, _) in EXPERIMENTS.items():
         given = getattr(args, flag[2:].replace("-", "_"))
-        if given is not None and given is not False:
-            holder[key] = value if value is not None else given
-        settings[f"{module}.{'.'.join(setting) if isinstance(setting, tuple) else setting}"] = holder[key]
-    return settings
+        if given is None or given is False:
+            continue
+        value = value if value is not None else given
+        if isinstance(setting, tuple):
+            plans.setdefault(setting[0], {})[setting[1]] = value
+        else:
+            changes[setting] = value
+    options = CompileOptions(share_scratch=not args.private_scratch, weights=args.weights).replace(**changes, **plans)
+    settings = {}
+    for setting, _, _ in EXPERIMENTS.values():
+        name = ".".join(setting) if isinstance(setting, tuple) else setting
+        settings[f"options.{name}"] = getattr(options, setting[0])[setting[1]] if isinstance(setting, tuple) \
+            else getattr(options, setting)
+    return options, settings
 
 
 def rel(a, b) -> float:
@@ -154,7 +154,7 @@ def _quick_runs(session, case) -> list:
     return runs
 
 
-def run_one(name, spec, args, device, tdev):
+def run_one(name, spec, args, device, tdev, options):
     import torch
     from meganeura.compiler import compile_model
     from meganeura.runtime import Package, Session
@@ -170,8 +170,7 @@ def run_one(name, spec, args, device, tdev):
     # the bench runs its programs one after the other, as a training loop does: their scratch
     # can be one pool (a frame scheduler interleaving them needs --private-scratch)
     half = args.weights == "f16"  # inference only: the bench's training steps train every weight (kept f32)
-    data = compile_model(case.model, None if half else case.train, share_scratch=not args.private_scratch,
-                         weights=args.weights)
+    data = compile_model(case.model, None if half else case.train, options=options)
     row["compile_s"] = time.perf_counter() - t
     case.model = None  # the builder's copy of the weights
     row["package_mb"] = len(data) / 2**20
@@ -280,10 +279,7 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true",
                     help="also GPU time per dispatch, grouped by kernel label (bench.json's 'profile')")
     ap.add_argument("--smoke", action="store_true", help="tiny configurations; torch on the CPU without CUDA")
-    ap.add_argument("--gemm-prologues", action="store_true",
-                    help="compile with schedule.GEMM_PROLOGUES on (convolutions and matmuls compute the "
-                         "elementwise chain in front of them in their loads)")
-    for flag, (_, _, value, what) in EXPERIMENTS.items():
+    for flag, (_, value, what) in EXPERIMENTS.items():
         if value is None:
             ap.add_argument(flag, type=int, default=None, help=f"experiment: {what}")
         else:
@@ -303,11 +299,7 @@ def main(argv=None):
                          "loop bounds (for packages one compiled oneself)")
     args = ap.parse_args(argv)
     SESSION_OPTIONS["shader_checks"] = not args.no_shader_checks
-    settings = _apply_experiments(args)
-    if args.gemm_prologues:
-        from meganeura.compiler import schedule
-
-        schedule.GEMM_PROLOGUES.update(schedule.GEMM_PROLOGUE_INPUTS)
+    options, settings = _compile_options(args)
     if args.budget is None:
         args.budget = 1.0 if args.smoke else 6.0
     unknown = set(args.only or ()) - set(WORKLOADS)
@@ -335,7 +327,7 @@ def main(argv=None):
             "torch_device": torch.cuda.get_device_name(0) if tdev == "cuda" else "cpu",
             "python": platform.python_version(), "features": sorted(device.features), "smoke": args.smoke,
             "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch,
-            "gemm_prologues": args.gemm_prologues, "shader_checks": not args.no_shader_checks,
+            "shader_checks": not args.no_shader_checks,
             "quick_start": args.quick_start, "driver_start": driver,
             "weights": args.weights, **settings, **load_settings}
     rows = []
@@ -345,7 +337,7 @@ def main(argv=None):
             continue
         t = time.perf_counter()
         try:
-            row = run_one(name, spec, args, device, tdev)
+            row = run_one(name, spec, args, device, tdev, options)
         except Exception as exc:  # one broken workload must not hide the others
             traceback.print_exc()
             row = {"workload": name, "error": f"{type(exc).__name__}: {exc}"}

@@ -1,8 +1,13 @@
-"""meganeura.compiler: models -> Graph IR -> training program -> WGSL kernels -> package."""
-__version__ = "0.1.0"
+"""meganeura.compiler: models -> Graph IR -> training program -> WGSL kernels -> package.
 
-from .builder import Builder, Model, Tensor  # noqa: E402,F401
-from .compile import compile_graph, compile_model  # noqa: E402,F401
-from .interpret import run_graph  # noqa: E402,F401
-from .ir import Graph, Node, format_graph  # noqa: E402,F401
-from .training import TrainConfig  # noqa: E402,F401
+The stages live in sub-packages, in the order a model walks them: ir/ (the op table, the
+builder, autodiff, the training graph), passes/ (rewrites, scheduling, memory), codegen/
+(WGSL), package/ (the file). compile.py runs them; options.py holds every choice."""
+from meganeura import __version__  # noqa: F401  (one version for the distribution)
+
+from .compile import compile_graph, compile_model  # noqa: F401
+from .ir.builder import Builder, Model, Tensor  # noqa: F401
+from .ir.graph import Graph, Node, format_graph  # noqa: F401
+from .ir.interpret import run_graph  # noqa: F401
+from .ir.training import TrainConfig  # noqa: F401
+from .options import CompileOptions  # noqa: F401

@@ -1,16 +1,61 @@
 """The `meganeura` command: compile models into packages, and describe packages.
 
     meganeura compile MODEL.onnx -o OUT.mnpk [--train --loss cross_entropy|mse
-        --optimizer sgd|adamw --lr LR [--freeze GLOB]...] [--batch N] [--weights f16]
+        --optimizer sgd|adamw --lr LR [--freeze GLOB]... [--ignore-index N]] [--batch N] [--weights f16]
     meganeura info OUT.mnpk
+    meganeura --version
+
+Bad arguments exit with status 2 and one line on stderr; a model that cannot compile,
+status 1 and one line (a traceback only with MEGANEURA_DEBUG set in the environment).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fnmatch
+import math
 import os
 import sys
 import tempfile
 from pathlib import Path
+
+from meganeura import __version__
+
+from .ir.training import EXACT_INT, TrainConfig
+
+DEFAULTS = TrainConfig()
+# the options that shape the training step: given without --train, they are refused
+TRAINING_OPTIONS = {"loss": "--loss", "optimizer": "--optimizer", "lr": "--lr", "weight_decay": "--weight-decay",
+                    "clip_norm": "--clip-norm", "freeze": "--freeze", "ignore_index": "--ignore-index"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr (status 2), without the usage."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
+def _number(kind: str, ok, what: str):
+    """An argparse type: a finite `kind` (int or float) for which ok(value) holds."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value) or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, not {text}")
+        return value
+    return parse
+
+
+def _refuse(message: str) -> int:
+    print(f"meganeura: {message}", file=sys.stderr)
+    return 2
+
+
+def _debugging() -> bool:
+    return bool(os.environ.get("MEGANEURA_DEBUG"))
 
 
 def _progress(total: int, quiet: bool):
@@ -29,46 +74,94 @@ def _progress(total: int, quiet: bool):
     return step, bar.close
 
 
+def _train_config(args) -> TrainConfig | None:
+    """The TrainConfig the options ask for (None without --train); options not given keep
+    TrainConfig's defaults."""
+    if not args.train:
+        return None
+    given = {k: getattr(args, k) for k in TRAINING_OPTIONS if getattr(args, k) is not None}
+    return TrainConfig(**given)
+
+
+def _unmatched_freeze(patterns, params) -> str | None:
+    """A refusal naming the first --freeze pattern that matches no parameter, else None."""
+    names = sorted(params)
+    for p in patterns:
+        if not any(fnmatch.fnmatchcase(n, p) for n in names):
+            some = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
+            return f"--freeze {p!r} matches no parameter; the model's parameters are: {some or 'none'}"
+    return None
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # (the only way to read it is to set it)
+    os.umask(mask)
+    return mask
+
+
+def write_package(out: Path, data: bytes) -> None:
+    """Write `data` to `out` atomically (a crash never leaves half a package), with the
+    permissions a plain open() would give under the process umask."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name, suffix=".tmp")  # (mkstemp makes it 0600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def cmd_compile(args) -> int:
     from .compile import compile_model
     from .onnx_import import load_onnx
-    from .training import TrainConfig
 
+    if not args.train:
+        given = [flag for k, flag in TRAINING_OPTIONS.items() if getattr(args, k) is not None]
+        if given:
+            return _refuse(f"{', '.join(given)} only make{'s' if len(given) == 1 else ''} sense with --train")
+    elif args.ignore_index is not None and args.loss == "mse":
+        return _refuse("--ignore-index applies to --loss cross_entropy only")
     src = Path(args.model)
     if not src.is_file():
-        print(f"meganeura: no such model file: {src}", file=sys.stderr)
-        return 2
+        return _refuse(f"no such model file: {src}")
     if src.suffix.lower() != ".onnx":
-        print(f"meganeura: {src.name}: only ONNX models (.onnx) compile from the command line; "
-              "use the Python builder API for others", file=sys.stderr)
-        return 2
-    train = None
-    if args.train:
-        train = TrainConfig(loss=args.loss, optimizer=args.optimizer, lr=args.lr, freeze=args.freeze or [],
-                            clip_norm=args.clip_norm, weight_decay=args.weight_decay)
-    elif args.freeze:
-        print("meganeura: --freeze only makes sense with --train", file=sys.stderr)
-        return 2
+        return _refuse(f"{src.name}: only ONNX models (.onnx) compile from the command line; "
+                       "use the Python builder API for others")
+    train = _train_config(args)
     if args.weights == "f16" and args.train and not args.freeze and not args.quiet:
         print("meganeura: note: --weights f16 stores only weights that training does not update; with --train "
               "and no --freeze every weight trains and stays f32", file=sys.stderr)
-    step, close = _progress(6 if train else 4, args.quiet)
+    step, close = _progress(6 if train else 4, args.quiet or not sys.stderr.isatty())
     try:
         step("import ONNX")
         model = load_onnx(src, batch_size=args.batch)
+        refusal = _unmatched_freeze(train.freeze, model.graph.params) if train else None
+        if refusal:
+            close()
+            return _refuse(refusal)
         data = compile_model(model, train, source={"kind": "onnx", "file": src.name}, progress=step,
                              weights=args.weights)
-    except (ValueError, NotImplementedError, KeyError) as exc:
+    except Exception as exc:  # expected ones (ValueError, NotImplementedError...) and bugs: one line
         close()
-        print(f"meganeura: cannot compile {src.name}: {exc}", file=sys.stderr)
+        if _debugging():
+            raise
+        why = str(exc) if isinstance(exc, (ValueError, NotImplementedError, KeyError)) else \
+            f"{type(exc).__name__}: {exc} (set MEGANEURA_DEBUG=1 for a traceback)"
+        print(f"meganeura: cannot compile {src.name}: {why}".replace("\n", " "), file=sys.stderr)
         return 1
     close()
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:  # write then rename: a crash never leaves half a package
-        f.write(data)
-    os.replace(tmp, out)
+    try:
+        write_package(out, data)
+    except OSError as exc:
+        if _debugging():
+            raise
+        print(f"meganeura: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     if not args.quiet:
         print(f"wrote {out} ({len(data)} bytes)")
     return 0
@@ -86,33 +179,61 @@ def cmd_info(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="meganeura", description="Compile models for the meganeura runtime.")
+def parser() -> argparse.ArgumentParser:
+    d = DEFAULTS
+    ap = _Parser(prog="meganeura", description="Compile models for the meganeura runtime.")
+    ap.add_argument("--version", action="version", version=f"meganeura {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compile", help="compile an ONNX model into a .mnpk package")
     c.add_argument("model", help="the model, MODEL.onnx")
     c.add_argument("-o", "--output", required=True, help="the package to write, OUT.mnpk")
-    c.add_argument("--train", action="store_true", help="also compile a training step (program train_step)")
-    c.add_argument("--loss", choices=("cross_entropy", "mse"), default="cross_entropy")
-    c.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw")
-    c.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 0.001)")
-    c.add_argument("--weight-decay", type=float, default=None,
-                   help="weight decay (default: 0.01 for adamw as in PyTorch, 0 for sgd)")
-    c.add_argument("--clip-norm", type=float, default=None, help="clip the global gradient norm")
-    c.add_argument("--freeze", action="append", metavar="GLOB",
-                   help="parameters whose names match GLOB get no gradient (repeatable)")
-    c.add_argument("--batch", type=int, default=None,
-                   help="batch size when the model's batch dimension is dynamic (default 64)")
+    c.add_argument("--batch", type=_number(int, lambda v: v > 0, "a positive integer"),
+                   help="batch size when the model's batch dimension is dynamic (default: 64)")
     c.add_argument("--weights", choices=("f32", "f16"), default="f32",
                    help="f16: store the weights that only matmuls and convolutions read, and training does "
-                        "not update, in half precision (half their bytes; the arithmetic stays f32)")
-    c.add_argument("-q", "--quiet", action="store_true")
+                        "not update, in half precision (half their bytes; the arithmetic stays f32) "
+                        "(default: f32)")
+    c.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar, no notes, no summary line (default: off; the progress bar "
+                        "shows only when stderr is a terminal)")
+    t = c.add_argument_group("training (options allowed only with --train)")
+    t.add_argument("--train", action="store_true",
+                   help="also compile a training step (program train_step) (default: off)")
+    t.add_argument("--loss", choices=("cross_entropy", "mse"),
+                   help=f"the loss; cross_entropy takes class ids as labels (default: {d.loss})")
+    t.add_argument("--optimizer", choices=("sgd", "adamw"), help=f"(default: {d.optimizer})")
+    t.add_argument("--lr", type=_number(float, lambda v: v > 0, "a positive finite number"),
+                   help=f"learning rate (default: {d.lr})")
+    t.add_argument("--weight-decay", type=_number(float, lambda v: v >= 0, "a finite number >= 0"),
+                   help="weight decay (default: 0.01 for adamw as in PyTorch, 0 for sgd)")
+    t.add_argument("--clip-norm", type=_number(float, lambda v: v > 0, "a positive finite number"),
+                   help="clip the global gradient norm to this (default: no clipping)")
+    t.add_argument("--freeze", action="append", metavar="GLOB",
+                   help="parameters whose names match GLOB get no gradient (repeatable) (default: none)")
+    t.add_argument("--ignore-index", type=_number(int, lambda v: abs(v) < EXACT_INT,
+                                                  f"an integer within +-{EXACT_INT - 1}"), metavar="N",
+                   help="cross_entropy: rows labelled N leave the loss, as in PyTorch; any other label "
+                        f"outside the classes skips the step (default: {d.ignore_index})")
     c.set_defaults(fn=cmd_compile)
     i = sub.add_parser("info", help="describe a package")
-    i.add_argument("package")
+    i.add_argument("package", help="the package to describe, OUT.mnpk")
     i.set_defaults(fn=cmd_info)
-    args = ap.parse_args(argv)
-    return args.fn(args)
+    return ap
+
+
+def main(argv=None) -> int:
+    """Run the command line `argv` (default: sys.argv[1:]); returns the exit status."""
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a refusal already printed
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+    try:
+        return args.fn(args)
+    except Exception as exc:
+        if _debugging():
+            raise
+        print(f"meganeura: {args.command} failed: {type(exc).__name__}: {exc}".replace("\n", " "), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

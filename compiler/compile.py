@@ -1,27 +1,51 @@
-"""The compiler driver: a Model (and a training recipe) in, package bytes out."""
+"""The compiler driver: a Model (and a training recipe) in, package bytes out.
+
+Each stage is one call, in the order a model walks them:
+
+    import (onnx/, models/, the Builder)  -> Model
+    ir.training.build_training_graph      -> the training step as a Graph (with `train`)
+    passes.prepare                        -> graphs of ops that have kernels
+    passes.half_weights                   -> f16 weights (with options.weights == "f16")
+    passes.schedule                       -> Schedule: kernels, order, storage
+    package.writer (codegen inside)       -> WGSL, buffers, dispatches, the file's bytes
+"""
 from __future__ import annotations
 
 import functools
 import gc
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from . import __version__
-from .blob import Reservation
-from .builder import Model
-from .half_weights import half_weights
-from .package_writer import PackageBuilder
-from .prepare import prepare
-from .schedule import schedule
-from .training import ROW_MASK, TrainConfig, build_training_graph
+from meganeura import __version__
+
+from .ir.builder import Model
+from .ir.graph import Graph
+from .ir.training import ROW_MASK, TrainConfig, build_training_graph
+from .options import DEFAULT, CompileOptions
+from .package.blob import Reservation
+from .package.writer import PackageBuilder
+from .passes.half_weights import half_weights
+from .passes.prepare import prepare
+from .passes.schedule import schedule
+
+
+STAGE_NAMES = {"infer": "schedule inference", "train_step": "schedule training step"}
+
+
+@dataclass(frozen=True)
+class Programs:
+    """The prepared graphs of a package, by program name ("infer", "train_step", ...)."""
+    graphs: dict  # name -> prepared Graph
+    extra: dict  # name -> the program's extra manifest fields
 
 
 def _without_cyclic_gc(fn):
     """Run a compile with Python's cycle collector paused. A compile allocates millions of
-    small objects, and each full collection walks the host's whole heap: inside a process
-    holding PyTorch models the SD-1.5 compile took 1.8-2.8 s instead of 1.6. What the
-    compile drops is freed by reference counting; cycles wait for the next collection."""
+    small objects, and each full collection walks the host's whole heap (a process holding
+    PyTorch models pays for theirs too). What the compile drops is freed by reference
+    counting; cycles wait for the next collection."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
         was_enabled = gc.isenabled()
@@ -34,53 +58,62 @@ def _without_cyclic_gc(fn):
     return run
 
 
-WEIGHT_TYPES = ("f32", "f16")
-
-
-def _weights_as(graphs, weights: str) -> None:
-    """Store the weights that `weights` allows in half precision (half_weights.py)."""
-    if weights not in WEIGHT_TYPES:
-        raise ValueError(f"weights must be one of {WEIGHT_TYPES}, not {weights!r}")
-    if weights == "f16":
-        half_weights(graphs)
+def _options(options: CompileOptions | None, **legacy) -> CompileOptions:
+    """`options`, or the defaults, with the keyword arguments compile_model always took."""
+    options = options or DEFAULT
+    given = {k: v for k, v in legacy.items() if v is not None}
+    return options.replace(**given) if given else options
 
 
 @_without_cyclic_gc
 def compile_model(model: Model, train: TrainConfig | None = None, source: dict | None = None,
-                  progress=None, share_scratch: bool = False, weights: str = "f32") -> bytes:
+                  progress=None, share_scratch: bool | None = None, weights: str | None = None,
+                  options: CompileOptions | None = None) -> bytes:
     """Compile `model` into package bytes: program "infer", and "train_step" with `train`.
 
-    `progress(step_name)` is called before each stage (the CLI shows a progress bar).
-    `share_scratch`: infer and train_step share scratch buffers (less memory), for hosts
-    that never run inference between the chunks of a training step.
-    `weights="f16"`: the weights only matmuls and convolutions read, and no training step
-    updates, are stored in half precision (half the bytes; the arithmetic stays f32).
+    Args:
+        model: the model (from load_onnx, meganeura.compiler.models, or the Builder).
+        train: the training recipe; None compiles inference only.
+        source: where the model came from, recorded in the manifest.
+        progress: called with each stage's name before it runs (the CLI shows a progress bar).
+        share_scratch, weights: shorthands for the CompileOptions fields of those names.
+        options: every other choice of the compiler (compiler/options.py).
+    Returns:
+        The package file's bytes.
+    Raises:
+        ValueError: the model or the recipe cannot compile (a message in their terms).
     """
     t0 = time.perf_counter()
+    options = _options(options, share_scratch=share_scratch, weights=weights)
     step = progress or (lambda name: None)
-    pb = PackageBuilder(__version__, share_scratch)
-    pb.reservation = Reservation(estimated_package_bytes(model))  # its pages are touched meanwhile
+    reservation = Reservation(estimated_package_bytes(model))  # its pages are touched meanwhile
     step("forward graph")
-    fwd = prepare(model.graph)
+    graphs, extra = {"infer": prepare(model.graph, options)}, {}
     meta = {"source": source or {}, "batch": _batch_info(model)}
-    tg = None
     if train is not None:
         step("autodiff and optimizer")
-        tg = prepare(build_training_graph(model.graph, train))
-    _weights_as([fwd] if tg is None else [fwd, tg], weights)
-    # both graphs fix the weights: hash them on a thread while the rest is scheduled
-    pb.start_blob_hash([fwd] if tg is None else [fwd, tg])
-    if tg is not None:
-        pb.plan_arenas([tg])  # before inference places the parameters
-    step("schedule inference")
-    pb.add_program("infer", schedule(fwd))
-    if tg is not None:
-        step("schedule training step")
-        pb.add_program("train_step", schedule(tg), {"row_mask": ROW_MASK})
+        tg = prepare(build_training_graph(model.graph, train, options), options)
+        graphs["train_step"], extra["train_step"] = tg, {"row_mask": ROW_MASK}
         meta["training"] = {"loss": train.loss, "optimizer": train.optimizer, "lr": train.lr,
-                            "frozen": sorted(tg.frozen), "row_mask": ROW_MASK}
+                            "frozen": sorted(tg.frozen), "row_mask": ROW_MASK, "ignore_index": train.ignore_index}
+    return _write(Programs(graphs, extra), options, meta, step, reservation, t0)
+
+
+def _write(programs: Programs, options: CompileOptions, meta: dict, step, reservation=None, t0=None) -> bytes:
+    """Half weights, schedules and the package file of prepared programs."""
+    graphs = programs.graphs
+    if options.weights == "f16":
+        half_weights(list(graphs.values()))
+    pb = PackageBuilder(__version__, options)
+    pb.reservation = reservation
+    pb.start_blob_hash(graphs.values())  # the weights are fixed: hashed on a thread meanwhile
+    pb.plan_arenas([g for g in graphs.values() if g.arenas])  # before any program places the parameters
+    for name, g in graphs.items():
+        step(STAGE_NAMES.get(name, f"schedule {name}"))
+        pb.add_program(name, schedule(g, options), programs.extra.get(name))
     step("write package")
-    meta["compile_seconds"] = round(time.perf_counter() - t0, 4)
+    if t0 is not None:
+        meta["compile_seconds"] = round(time.perf_counter() - t0, 4)
     return pb.write(meta)
 
 
@@ -107,30 +140,26 @@ def _batch_info(model: Model) -> dict | None:
 
 @_without_cyclic_gc
 def compile_programs(programs: dict, source: dict | None = None, meta: dict | None = None,
-                     weights: str = "f32") -> bytes:
+                     weights: str | None = None, options: CompileOptions | None = None) -> bytes:
     """Compile several graphs into one package, one program each (name -> Graph).
 
     Parameters, optimizer state and inputs with the same name share one buffer across
     programs; a program can hand a tensor to another through a state it assigns (e.g. an
-    inference program caching features that a training program reads). `weights`: as
-    compile_model's."""
+    inference program caching features that a training program reads)."""
     if "infer" not in programs:
         raise ValueError("a package needs an 'infer' program")
-    pb = PackageBuilder(__version__)
-    prepared = {name: prepare(graph) for name, graph in programs.items()}
-    _weights_as(prepared.values(), weights)
-    pb.start_blob_hash(prepared.values())
-    pb.plan_arenas(prepared.values())
-    for name, g in prepared.items():
-        pb.add_program(name, schedule(g), {"row_mask": ROW_MASK} if ROW_MASK in g.inputs else None)
-    return pb.write({"source": source or {}, "batch": None, **(meta or {})})
+    options = _options(options, weights=weights)
+    graphs = {name: prepare(graph, options) for name, graph in programs.items()}
+    extra = {name: {"row_mask": ROW_MASK} for name, g in graphs.items() if ROW_MASK in g.inputs}
+    return _write(Programs(graphs, extra), options, {"source": source or {}, "batch": None, **(meta or {})},
+                  lambda name: None)
 
 
-def compile_graph(graph, program: str = "infer") -> bytes:
-    """Compile a raw Graph (any outputs, e.g. gradients made with autodiff.gradients)
-    into a package whose one program runs it. Used by tests and tools."""
-    pb = PackageBuilder(__version__)
-    pb.add_program(program, schedule(prepare(graph)))
+def compile_graph(graph: Graph, program: str = "infer", options: CompileOptions | None = None) -> bytes:
+    """Compile a raw Graph (any outputs, e.g. gradients made with autodiff.gradients) into a
+    package whose one program runs it (and "infer" too). Used by tests and tools."""
+    options = options or DEFAULT
+    graphs = {program: prepare(graph, options)}
     if program != "infer":
-        pb.add_program("infer", schedule(prepare(graph)))
-    return pb.write({"source": {"kind": "graph"}, "batch": None})
+        graphs["infer"] = prepare(graph, options)
+    return _write(Programs(graphs, {}), options, {"source": {"kind": "graph"}, "batch": None}, lambda name: None)

@@ -56,11 +56,11 @@ def vulkan_only() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        from wgpu.backends.wgpu_native import _helpers
+        import wgpu.backends.wgpu_native._helpers as native_helpers  # (wgpu-py 0.32: the instance, privately)
         from wgpu.backends.wgpu_native.extras import set_instance_extras
     except ImportError:  # another wgpu backend
         return False
-    if getattr(_helpers, "_the_instance", None) is not None:
+    if getattr(native_helpers, "_the_instance", None) is not None:
         log.debug("wgpu's instance already exists: cannot restrict it to Vulkan")
         return False
     set_instance_extras(backends=["Vulkan"])

@@ -11,13 +11,8 @@ most one chunk. Without timestamp queries the estimates come from warm_up()'s CP
 calibration, or from a per-dispatch cost.
 
 Training steps are spread over frames, and a step keeps its data to itself until its last
-chunk: its batch is uploaded (queue.write_buffer, once per step) into a private ring of held
-buffers, or, with train(None), snapshotted on the GPU from what the inputs hold when the
-step starts. Every buffer the step shares with another program (the image `x` that
-inference also reads, features that inference caches for it) is swapped around each
-training chunk that binds it, with GPU copies: the other program's value saved, the step's
-put in, the chunk run, the step's kept, the other's put back. Inference between chunks
-sees its own inputs; the step sees its own; the weights equal those of one-go steps.
+chunk (engine_bridge/training_steps.py): inference between chunks sees its own inputs; the step
+sees its own; the weights equal those of one-go steps.
 
     sched = FrameScheduler(session, budget_ms=6, before=[feed], after=[overlay])
     sched.train(batches)            # an iterable of {input name: array}
@@ -38,7 +33,8 @@ from collections import deque
 import numpy as np
 
 from .device import has_timestamps, log
-from .timing import Costs, GpuTimer, Trace
+from .timing import Costs, FrameStats, GpuTimer, PassStats, Trace
+from .training_steps import Step, StepBuffers
 
 
 class FrameScheduler:
@@ -52,7 +48,7 @@ class FrameScheduler:
         self.session, self.device = session, session.device
         self.budget_ms = float(budget_ms)
         self.before, self.after = list(before), list(after)
-        programs = session.package.programs  # (session.programs would wait for the training state)
+        programs = session.package.parsed.programs  # (session.programs would wait for the training state)
         if infer is not None and infer not in programs:
             raise KeyError(f"no program {infer!r} in this package")
         self.infer, self.train_program = infer, train if train in programs else None
@@ -80,8 +76,9 @@ class FrameScheduler:
         self.starved = 0  # frames in which inference alone filled the budget while training waited
         self.steps_started = self.steps_done = 0
         self._batches, self._step, self._step_limit = None, None, None
-        self._held, self._held_count = [], held_batches
-        self._inputs, self._ctx, self._prepare, self._unset = {}, {}, None, False
+        self._prepare, self._unset = None, False
+        self._step_buffers = None if self.train_program is None else StepBuffers(
+            session, self.train_program, self.chunks[self.train_program], held_batches)
 
     @property
     def train_active(self) -> bool:
@@ -108,14 +105,15 @@ class FrameScheduler:
         limit = None if steps is None else self.steps_started + steps
         self._batches = None if batches is None else iter(batches)
         self._step_limit, self._prepare, self.training = limit, prepare, True
-        m = self.session.package.manifest
-        if not (self._held or self._unset) and m["memory"].get("shared_scratch") and len(m["programs"]) > 1:
+        held = self._step_buffers.ready
+        m = self.session.package.parsed
+        if not (held or self._unset) and m.plan.shared_scratch and len(m.programs) > 1:
             import warnings
 
             warnings.warn("this package was compiled with share_scratch=True: every scratch buffer the training "
                           "step binds is saved and restored around its chunks (more memory and copies); "
                           "compile without it for a frame scheduler", stacklevel=2)
-        self._unset = batches is None or not self._held  # (set up in the first frame the training state exists)
+        self._unset = batches is None or not held  # (set up in the first frame the training state exists)
 
     def _set_up(self) -> bool:
         """Training's own buffers, once the session's training state is made (never waits in a frame)."""
@@ -127,42 +125,12 @@ class FrameScheduler:
             log.warning("training stopped: its state could not be made (%s)", self.session.training_error)
             self.training = False
             return False
-        if not self._held:
-            self._setup_training()
-        mask = self.session.package.programs[self.train_program].get("row_mask")
-        if self._batches is None and mask:  # data already on the GPU: every row counts (one upload, here)
-            t = self._inputs[mask]
-            self.device.queue.write_buffer(self.session.buffers[t["buffer"]], 0, np.ones(t["shape"], np.float32))
+        if not self._step_buffers.ready:
+            self._step_buffers.set_up()
+        if self._batches is None:  # data already on the GPU
+            self._step_buffers.count_every_row()
         self._unset = False
         return True
-
-    def _setup_training(self):
-        """Find the buffers a step must keep to itself: its declared inputs, and every buffer it
-        binds that another program writes (or takes as input) between its chunks."""
-        wgpu, s, m = self._wgpu, self.session, self.session.package.manifest
-        usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-        prog = m["programs"][self.train_program]
-        others = set()
-        for name, q in m["programs"].items():
-            if name != self.train_program:
-                for d in q["dispatches"]:
-                    others |= {bi for bi, a in zip(d["buffers"], m["kernels"][d["kernel"]]["access"])
-                               if a == "read_write"}
-                others |= {s.tensors[ti]["buffer"] for ti in q["inputs"].values()}
-        bound = {bi for d in prog["dispatches"] for bi in d["buffers"]}
-        self._inputs = {name: s.tensors[ti] for name, ti in prog["inputs"].items()}
-        declared = {t["buffer"]: name for name, t in self._inputs.items()}
-        self._ctx = {}
-        for b in sorted((bound & others) | set(declared)):
-            t = self._inputs.get(declared.get(b))
-            nbytes = max(4, int(np.prod(t["shape"], dtype=np.int64)) * 4) if t else s.buffers[b].size
-            self._ctx[b] = {"name": declared.get(b), "bytes": nbytes, "shared": b in others,
-                            "save": s.device.create_buffer(size=nbytes, usage=usage) if b in others else None}
-        self._held = [{"buffers": {b: s.device.create_buffer(size=c["bytes"], usage=usage, label=f"held {b}")
-                                   for b, c in self._ctx.items()}, "free_after": -1}
-                      for _ in range(self._held_count)]
-        disp = prog["dispatches"]
-        self._touches = [{bi for d in disp[a:b] for bi in d["buffers"]} for _, a, b in self.chunks[self.train_program]]
 
     def warm_up(self, repeats: int = 2) -> None:
         """Blocking; call before the frame loop. Runs every pass `repeats` times: the first run
@@ -177,11 +145,11 @@ class FrameScheduler:
         passes = self._all_passes(training)
         snap = {}
         if training:
-            for t in s.tensors:
-                if t["role"] in ("param", "state") and t["buffer"] not in snap:
-                    b = s.buffers[t["buffer"]]
-                    snap[t["buffer"]] = (b, dev.create_buffer(size=b.size, usage=wgpu.BufferUsage.COPY_SRC
-                                                              | wgpu.BufferUsage.COPY_DST))
+            for t in s.package.plan.tensors:
+                if t.role in ("param", "state") and t.buffer not in snap:
+                    b = s.buffers[t.buffer]
+                    snap[t.buffer] = (b, dev.create_buffer(size=b.size, usage=wgpu.BufferUsage.COPY_SRC
+                                                           | wgpu.BufferUsage.COPY_DST))
         enc = dev.create_command_encoder()
         for b, tmp in snap.values():
             enc.copy_buffer_to_buffer(b, 0, tmp, 0, b.size)
@@ -197,7 +165,7 @@ class FrameScheduler:
             timed = last and self.timer.begin()
             enc = dev.create_command_encoder()
             for key, label, n, fn in passes:
-                w = self.timer.writes((None, {"key": key, "dispatches": n, "label": label})) if timed else None
+                w = self.timer.writes((None, PassStats(label, key=key, dispatches=n))) if timed else None
                 fn(enc, {"timestamp_writes": w} if w else None)
             if timed:
                 self.timer.end(enc)
@@ -234,24 +202,22 @@ class FrameScheduler:
         return out
 
     # ------------------------------------------------------------- frames
-    def _begin(self):
+    def _begin(self) -> FrameStats:
         if self._frame is None:
             self.frame += 1
             now = time.perf_counter()
             self._poll()
-            prev = self.stats[-1]["t"] if self.stats else None
-            self._frame = {"frame": self.frame, "t": now, "interval_ms": None if prev is None else (now - prev) * 1e3,
-                           "passes": [], "pending": 0, "ml_est_ms": 0.0, "ml_ms": None, "render_ms": None,
-                           "max_chunk_ms": None, "chunks": 0, "train_chunks": 0, "recorded": False,
-                           "timed": bool(self.timer and self.timer.begin())}
+            prev = self.stats[-1].t if self.stats else None
+            self._frame = FrameStats(self.frame, now, None if prev is None else (now - prev) * 1e3,
+                                     bool(self.timer and self.timer.begin()))
         return self._frame
 
     def _pass(self, encoder, frame, label, key, dispatches, fn, kind="ml"):
         est = self.costs.estimate(key, dispatches) if key is not None else None
-        p = {"label": label, "kind": kind, "key": key, "dispatches": dispatches, "est": est, "ms": None}
-        frame["passes"].append(p)
-        w = self.timer.writes((frame, p)) if frame["timed"] else None
-        frame["pending"] += w is not None
+        p = PassStats(label, kind, key, dispatches, est)
+        frame.passes.append(p)
+        w = self.timer.writes((frame, p)) if frame.timed else None
+        frame.pending += w is not None
         if fn is not None:
             fn(encoder, {"timestamp_writes": w} if w else None)
         return w
@@ -265,9 +231,9 @@ class FrameScheduler:
     def record(self, encoder) -> dict:
         """Record this frame's ML work into `encoder`; returns the frame's statistics (filled in later)."""
         f = self._begin()
-        if f["recorded"]:
+        if f.recorded:
             raise RuntimeError("record() twice in one frame: call submit() (or submitted()) after each frame")
-        f["recorded"] = True
+        f.recorded = True
         s, spent = self.session, 0.0
         for i, feed in enumerate(self.before):
             self._pass(encoder, f, f"input {i}", ("before", i), feed.dispatches, feed.record)
@@ -282,7 +248,7 @@ class FrameScheduler:
         for i, out in enumerate(self.after):
             self._pass(encoder, f, f"output {i}", ("after", i), out.dispatches, out.record)
             spent += self.costs.estimate(("after", i), out.dispatches)
-        f["chunks"] = len(f["passes"]) - sum(p["kind"] == "render" for p in f["passes"])
+        f.chunks = len(f.passes) - sum(p.kind == "render" for p in f.passes)
         if self.training:
             if spent >= self.budget_ms:
                 self.starved += 1
@@ -290,31 +256,35 @@ class FrameScheduler:
                     log.warning("inference alone (%.2f ms estimated) fills the ML budget of %.2f ms: "
                                 "training waits for a frame with room (raise budget_ms)", spent, self.budget_ms)
             spent = self._record_training(encoder, f, spent)
-        f["ml_est_ms"], f["steps_done"] = spent, self.steps_done
+        f.ml_est_ms, f.steps_done = spent, self.steps_done
         return f
 
     def _record_training(self, encoder, f, spent):
         chunks, prog = self.chunks[self.train_program], self.train_program
         if not self._set_up():
             return spent
-        while f["train_chunks"] < self.max_train_chunks:
+        while f.train_chunks < self.max_train_chunks:
             if self._step is None and not self._start_step():
                 break
             st = self._step
-            i, a, b = chunks[st["next"]]
+            i, a, b = chunks[st.next]
             key = (prog, i)
             est = self.costs.estimate(key, b - a)
             known = self.costs.measured(key) or self.timer is None
-            first = f["train_chunks"] == 0
+            first = f.train_chunks == 0
             if not ((known and spent + est <= self.budget_ms) or (first and spent < self.budget_ms)):
                 break
-            self._train_chunk(encoder, f, st, i, a, b)
+            if st.next == 0 and self._prepare is not None:
+                self._prepare(encoder)
+            self._step_buffers.record_chunk(encoder, st, i, lambda e: self._pass(
+                e, f, f"{prog}[{a}:{b}] step {st.index}", key, b - a,
+                lambda e2, kw: self.session.record(e2, prog, a, b, kw)))
             spent += est
-            f["train_chunks"] += 1
-            f["chunks"] += 1
-            st["next"] += 1
-            if st["next"] == len(chunks):
-                self._held[st["slot"]]["free_after"] = self.frame
+            f.train_chunks += 1
+            f.chunks += 1
+            st.next += 1
+            if st.next == len(chunks):
+                self._step_buffers.held[st.slot].free_after = self.frame
                 self._step = None
                 self.steps_done += 1
                 for rb in self._readbacks.get(prog, ()):
@@ -323,38 +293,11 @@ class FrameScheduler:
                 break  # a chunk never measured runs alone: its cost is a guess
         return spent
 
-    def _train_chunk(self, encoder, f, st, i, a, b):
-        """One chunk of the step. A buffer the step shares with other programs is swapped in
-        around it (save theirs, put the step's, run, keep the step's, put theirs back)."""
-        s, held, first = self.session, self._held[st["slot"]]["buffers"], st["next"] == 0
-        if first and self._prepare is not None:
-            self._prepare(encoder)
-        swap = []
-        for bi, c in self._ctx.items():
-            buf, mine, n = s.buffers[bi], held[bi], c["bytes"]
-            if first and (c["name"] is None or not st["uploaded"]):
-                if c["shared"]:
-                    encoder.copy_buffer_to_buffer(buf, 0, mine, 0, n)  # the step's snapshot of the GPU's data
-            elif first and not c["shared"]:
-                encoder.copy_buffer_to_buffer(mine, 0, buf, 0, n)  # the uploaded batch, once
-            if c["shared"] and bi in self._touches[i]:
-                encoder.copy_buffer_to_buffer(buf, 0, c["save"], 0, n)
-                encoder.copy_buffer_to_buffer(mine, 0, buf, 0, n)
-                swap.append((buf, mine, c["save"], n))
-        prog = self.train_program
-        self._pass(encoder, f, f"{prog}[{a}:{b}] step {st['index']}", (prog, i), b - a,
-                   lambda e, kw: s.record(e, prog, a, b, kw))
-        for buf, mine, theirs, n in swap:
-            encoder.copy_buffer_to_buffer(buf, 0, mine, 0, n)
-            encoder.copy_buffer_to_buffer(theirs, 0, buf, 0, n)
-
     def _start_step(self) -> bool:
         if self._step_limit is not None and self.steps_started >= self._step_limit:
             self.training = False
             return False
-        # a held slot may be rewritten once its step's last chunk went out in an earlier frame
-        # (queue.write_buffer runs before this frame's commands)
-        slot = next((k for k, h in enumerate(self._held) if h["free_after"] < self.frame), None)
+        slot = self._step_buffers.free_slot(self.frame)
         if slot is None:
             return False
         uploaded = self._batches is not None
@@ -363,48 +306,16 @@ class FrameScheduler:
             if batch is None:
                 self.training = False
                 return False
-            for name, arr in self._coerce(batch).items():
-                self.device.queue.write_buffer(self._held[slot]["buffers"][self._inputs[name]["buffer"]], 0,
-                                               arr.tobytes())
-        self._held[slot]["free_after"] = float("inf")
-        self._step = {"slot": slot, "next": 0, "index": self.steps_started, "frame": self.frame, "uploaded": uploaded}
+            self._step_buffers.upload(slot, batch)
+        self._step_buffers.held[slot].free_after = float("inf")
+        self._step = Step(slot, self.steps_started, self.frame, uploaded)
         self.steps_started += 1
         return True
-
-    def _coerce(self, batch) -> dict:
-        p = self.session.package.programs[self.train_program]
-        mask = p.get("row_mask")
-        public = [k for k in p["inputs"] if k != mask]
-        if set(batch) != set(public):
-            raise ValueError(f"{self.train_program}: a batch needs exactly the inputs {sorted(public)}; "
-                             f"got {sorted(batch)}")
-        out, rows = {}, set()
-        for name in public:
-            t = self._inputs[name]
-            shape, arr = list(t["shape"]), np.asarray(batch[name])
-            if list(arr.shape) != shape:
-                partial = (mask and arr.ndim == len(shape) and list(arr.shape[1:]) == shape[1:]
-                           and 0 < arr.shape[0] < shape[0])
-                if not partial:
-                    raise ValueError(f"input {name!r} has shape {list(arr.shape)}; the model expects {shape}")
-                rows.add(arr.shape[0])
-                arr = np.concatenate([arr, np.zeros([shape[0] - arr.shape[0]] + shape[1:], arr.dtype)])
-            elif mask:
-                rows.add(shape[0])
-            if t["dtype"] == "i32" and arr.dtype.kind not in "iub":
-                raise TypeError(f"input {name!r} holds {arr.dtype} values; it takes integers")
-            out[name] = np.ascontiguousarray(arr, np.int32 if t["dtype"] == "i32" else np.float32)
-        if mask:
-            if len(rows) != 1:
-                raise ValueError(f"the inputs of one batch have different row counts: {sorted(rows)}")
-            n = self._inputs[mask]["shape"][0]
-            out[mask] = (np.arange(n) < rows.pop()).astype(np.float32)
-        return out
 
     def finish(self, encoder) -> None:
         """Last thing recorded into the frame's encoder: resolves the timestamp queries."""
         f = self._begin()
-        if self.timer is not None and f["timed"]:
+        if self.timer is not None and f.timed:
             self.timer.end(encoder)
 
     def submitted(self) -> None:
@@ -417,12 +328,12 @@ class FrameScheduler:
         for rbs in self._readbacks.values():
             for rb in rbs:
                 rb.submitted()
-        f["t_submit"] = now = time.perf_counter()
-        f["cpu_ms"] = (now - f["t"]) * 1e3
+        f.t_submit = now = time.perf_counter()
+        f.cpu_ms = (now - f.t) * 1e3
         if self.trace is not None:
-            self.trace.cpu(f"frame {f['frame']}", f["t"], now - f["t"],
-                           {"chunks": f["chunks"], "train_chunks": f["train_chunks"], "ml_est_ms": f["ml_est_ms"]})
-        if f["pending"] == 0:
+            self.trace.cpu(f"frame {f.frame}", f.t, now - f.t,
+                           {"chunks": f.chunks, "train_chunks": f.train_chunks, "ml_est_ms": f.ml_est_ms})
+        if f.pending == 0:
             self._complete(f)
         self.stats.append(f)
 
@@ -437,26 +348,26 @@ class FrameScheduler:
         if self.timer is None:
             return
         for (frame, p), begin_ns, ms in self.timer.poll():
-            p["ms"] = ms
-            if p["key"] is not None:
-                self.costs.add(p["key"], ms, p["dispatches"])
+            p.ms = ms
+            if p.key is not None:
+                self.costs.add(p.key, ms, p.dispatches)
             if frame is None:
                 continue
             if self.trace is not None:
-                self.trace.gpu(p["label"], begin_ns, ms, frame.get("t_submit", frame["t"]), {"frame": frame["frame"]})
-            frame["pending"] -= 1
-            if frame["pending"] == 0:
+                self.trace.gpu(p.label, begin_ns, ms, frame.t_submit if frame.t_submit is not None else frame.t,
+                               {"frame": frame.frame})
+            frame.pending -= 1
+            if frame.pending == 0:
                 self._complete(frame)
 
     def _complete(self, f) -> None:
-        if not all(p["ms"] is not None for p in f["passes"]):
+        if not all(p.ms is not None for p in f.passes):
             return  # an untimed frame: estimates only
-        ml = [p["ms"] for p in f["passes"] if p["kind"] == "ml"]
-        f["ml_ms"], f["max_chunk_ms"] = sum(ml), max(ml, default=0.0)
-        f["render_ms"] = sum(p["ms"] for p in f["passes"] if p["kind"] == "render")
+        ml = [p.ms for p in f.passes if p.kind == "ml"]
+        f.ml_ms, f.max_chunk_ms = sum(ml), max(ml, default=0.0)
+        f.render_ms = sum(p.ms for p in f.passes if p.kind == "render")
         if self.trace is not None:
-            self.trace.counter("ms per frame", f["t"], {"ml": f["ml_ms"], "render": f["render_ms"],
-                                                        "budget": self.budget_ms})
+            self.trace.counter("ms per frame", f.t, {"ml": f.ml_ms, "render": f.render_ms, "budget": self.budget_ms})
 
     def poll(self) -> None:
         """Take in timings that arrived (record() does this each frame); never waits."""
@@ -488,8 +399,8 @@ class FrameScheduler:
 
     def summary(self) -> dict:
         frames = list(self.stats)
-        ml = [f["ml_ms"] for f in frames if f["ml_ms"] is not None]
-        est = [f["ml_est_ms"] for f in frames]
+        ml = [f.ml_ms for f in frames if f.ml_ms is not None]
+        est = [f.ml_est_ms for f in frames]
 
         def pct(v, q):
             return round(float(np.percentile(v, q)), 3) if v else None
@@ -497,7 +408,7 @@ class FrameScheduler:
         return {"frames": len(frames), "budget_ms": self.budget_ms, "timestamps": self.timestamps,
                 "ml_ms_p50": pct(ml, 50), "ml_ms_max": round(float(max(ml)), 3) if ml else None,
                 "ml_est_ms_p50": pct(est, 50),
-                "render_ms_p50": pct([f["render_ms"] for f in frames if f["render_ms"] is not None], 50),
-                "cpu_ms_p50": pct([f["cpu_ms"] for f in frames], 50),
-                "chunks_per_frame": round(float(np.mean([f["chunks"] for f in frames])), 2) if frames else 0,
+                "render_ms_p50": pct([f.render_ms for f in frames if f.render_ms is not None], 50),
+                "cpu_ms_p50": pct([f.cpu_ms for f in frames], 50),
+                "chunks_per_frame": round(float(np.mean([f.chunks for f in frames])), 2) if frames else 0,
                 "train_steps": self.steps_done, "starved_frames": self.starved}

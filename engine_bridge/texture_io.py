@@ -59,11 +59,14 @@ def _geometry(shape, layout, size, what):
 
 
 def _tensor(session, program, name, kind):
-    p = session.package.programs.get(program)
-    if p is None or name not in p[kind]:
-        have = sorted(p[kind]) if p else sorted(session.package.programs)
+    """The TensorInfo (runtime/records.py) of `program`'s input or output `name` (kind: "inputs" or "outputs")."""
+    programs = session.package.parsed.programs
+    p = programs.get(program)
+    tensors = None if p is None else p.inputs if kind == "inputs" else p.outputs
+    if tensors is None or name not in tensors:
+        have = sorted(tensors) if tensors is not None else sorted(programs)
         raise KeyError(f"program {program!r} has no {kind[:-1]} {name!r} (it has {have})")
-    return session.tensors[p[kind][name]]
+    return tensors[name]
 
 
 def _check_texture(texture, usage, why):
@@ -87,9 +90,9 @@ class TextureInput:
 
         self.session, self.device = session, session.device
         self.tensor = t = _tensor(session, program, input, "inputs")
-        if t["dtype"] != "f32":
-            raise TypeError(f"input {input!r} is {t['dtype']}; a texture feeds f32 inputs")
-        (n, self.height, self.width, c), strides = _geometry(t["shape"], layout, size, f"input {input!r}")
+        if t.dtype != "f32":
+            raise TypeError(f"input {input!r} is {t.dtype}; a texture feeds f32 inputs")
+        (n, self.height, self.width, c), strides = _geometry(t.shape, layout, size, f"input {input!r}")
         if not 1 <= c <= 4 or len(channels) < c or any(ch not in _CHANNELS for ch in channels[:c]):
             raise ValueError(f"input {input!r} has {c} channels; channels={channels!r} must name {c} of 'rgba'")
         if not 0 <= batch_index < n:
@@ -100,7 +103,7 @@ class TextureInput:
         if (self.std == 0).any():
             raise ValueError("std must not be 0")
         self.layout, self.batch_index, self.strides = layout, batch_index, strides
-        self.target = session.buffers[t["buffer"]]
+        self.target = session.buffers[t.buffer]
         self.dispatches = 1
         self._pipeline = self.device.create_compute_pipeline(
             layout="auto", compute={"module": self.device.create_shader_module(code=load_wgsl("to_tensor.wgsl")),
@@ -145,7 +148,7 @@ class TextureInput:
         """What record() writes for `image` (H x W x 4 values as the shader reads them), in the tensor's shape."""
         out = preprocess_reference(image, (self.height, self.width), self.crop, self.mean, self.std,
                                    self.channels, self.layout)
-        shape = self.tensor["shape"]
+        shape = self.tensor.shape
         return out.reshape(shape) if int(np.prod(shape)) == out.size else out
 
 
@@ -158,9 +161,9 @@ class TensorOverlay:
 
         self.session, self.device = session, session.device
         self.tensor = t = _tensor(session, program, output, "outputs")
-        if t["dtype"] != "f32":
-            raise TypeError(f"output {output!r} is {t['dtype']}; the overlay reads f32 scores")
-        (n, self.height, self.width, self.classes), strides = _geometry(t["shape"], layout, size, f"output {output!r}")
+        if t.dtype != "f32":
+            raise TypeError(f"output {output!r} is {t.dtype}; the overlay reads f32 scores")
+        (n, self.height, self.width, self.classes), strides = _geometry(t.shape, layout, size, f"output {output!r}")
         if not 0 <= batch_index < n:
             raise ValueError(f"batch_index {batch_index} is outside the batch of {n}")
         palette = DEFAULT_PALETTE if palette is None else np.asarray(palette)
@@ -169,7 +172,7 @@ class TensorOverlay:
         self.palette = palette.astype(np.uint8) if palette.dtype.kind in "iu" else np.round(
             np.clip(palette, 0, 1) * 255).astype(np.uint8)
         self.layout, self.threshold, self.batch_index = layout, float(threshold), batch_index
-        self.source, offset = session.buffers[t["buffer"]], t.get("offset", 0)
+        self.source, offset = session.buffers[t.buffer], t.offset
         self.dispatches = 1
         dev = self.device
         self.texture = dev.create_texture(

@@ -14,12 +14,61 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from meganeura.runtime.readback import settled
 
 FREE, COPIED, MAPPING = "free", "copied", "mapping"
+
+
+@dataclass
+class PassStats:
+    """One pass of a frame: its label, "ml" or "render", its chunk's key for Costs (None for the
+    host's own passes), dispatches, the estimate it was recorded with and its GPU time once measured."""
+
+    label: str
+    kind: str = "ml"
+    key: tuple | None = None
+    dispatches: int = 0
+    est: float | None = None
+    ms: float | None = None
+
+
+@dataclass
+class FrameStats:
+    """One frame of a FrameScheduler: what it recorded, and its GPU times once they arrive (None
+    until then, or for good in an untimed frame)."""
+
+    frame: int
+    t: float  # when it began (time.perf_counter)
+    interval_ms: float | None  # since the previous frame began
+    timed: bool  # whether its passes carry timestamp queries
+    passes: list = field(default_factory=list)  # PassStats
+    pending: int = 0  # timed passes whose times have not arrived
+    ml_est_ms: float = 0.0
+    ml_ms: float | None = None
+    render_ms: float | None = None
+    max_chunk_ms: float | None = None
+    chunks: int = 0
+    train_chunks: int = 0
+    steps_done: int = 0
+    recorded: bool = False
+    t_submit: float | None = None
+    cpu_ms: float | None = None
+
+
+@dataclass
+class _Slot:
+    """A query set, its resolve buffer and a mappable copy; the labels of the passes it times."""
+
+    query_set: object
+    resolve: object
+    read: object
+    state: str = FREE
+    labels: list = field(default_factory=list)
+    promise: object = None
 
 
 class GpuTimer:
@@ -31,61 +80,61 @@ class GpuTimer:
         self.device, self.capacity, self.period_ns = device, capacity, period_ns
         self._wgpu = wgpu
         u = wgpu.BufferUsage
-        self.slots = [{"set": device.create_query_set(type="timestamp", count=capacity),
-                       "resolve": device.create_buffer(size=capacity * 8, usage=u.QUERY_RESOLVE | u.COPY_SRC),
-                       "read": device.create_buffer(size=capacity * 8, usage=u.MAP_READ | u.COPY_DST),
-                       "state": FREE, "labels": []} for _ in range(depth)]
+        self.slots = [_Slot(device.create_query_set(type="timestamp", count=capacity),
+                            device.create_buffer(size=capacity * 8, usage=u.QUERY_RESOLVE | u.COPY_SRC),
+                            device.create_buffer(size=capacity * 8, usage=u.MAP_READ | u.COPY_DST))
+                      for _ in range(depth)]
         self.current = None
         self.untimed_frames = 0
 
     @property
     def pending(self) -> int:
-        return sum(s["state"] != FREE for s in self.slots)
+        return sum(s.state != FREE for s in self.slots)
 
     def begin(self) -> bool:
         """Start timing a frame; False when every slot is still in flight (the frame goes untimed)."""
-        self.current = next((s for s in self.slots if s["state"] == FREE), None)
+        self.current = next((s for s in self.slots if s.state == FREE), None)
         if self.current is None:
             self.untimed_frames += 1
             return False
-        self.current["labels"] = []
+        self.current.labels = []
         return True
 
     def writes(self, label):
         """timestamp_writes for one pass (label comes back from poll), or None."""
         s = self.current
-        if s is None or 2 * len(s["labels"]) + 2 > self.capacity:
+        if s is None or 2 * len(s.labels) + 2 > self.capacity:
             return None
-        i = 2 * len(s["labels"])
-        s["labels"].append(label)
-        return {"query_set": s["set"], "beginning_of_pass_write_index": i, "end_of_pass_write_index": i + 1}
+        i = 2 * len(s.labels)
+        s.labels.append(label)
+        return {"query_set": s.query_set, "beginning_of_pass_write_index": i, "end_of_pass_write_index": i + 1}
 
     def end(self, encoder) -> None:
         """Resolve this frame's queries into its slot (recorded last in the frame's encoder)."""
         s, self.current = self.current, None
-        if s is not None and s["labels"]:
-            n = 2 * len(s["labels"])
-            encoder.resolve_query_set(s["set"], 0, n, s["resolve"], 0)
-            encoder.copy_buffer_to_buffer(s["resolve"], 0, s["read"], 0, n * 8)
-            s["state"] = COPIED
+        if s is not None and s.labels:
+            n = 2 * len(s.labels)
+            encoder.resolve_query_set(s.query_set, 0, n, s.resolve, 0)
+            encoder.copy_buffer_to_buffer(s.resolve, 0, s.read, 0, n * 8)
+            s.state = COPIED
 
     def submitted(self) -> None:
         for s in self.slots:
-            if s["state"] == COPIED:
-                s["promise"] = s["read"].map_async(self._wgpu.MapMode.READ)
-                s["state"] = MAPPING
+            if s.state == COPIED:
+                s.promise = s.read.map_async(self._wgpu.MapMode.READ)
+                s.state = MAPPING
 
     def poll(self) -> list:
         """[(label, begin_ns, duration_ms)] of every frame whose timestamps have arrived; never waits."""
         out = []
         for s in self.slots:
-            if s["state"] == MAPPING and settled(s["promise"]):
-                s["promise"].sync_wait()  # settled: returns at once
-                n = 2 * len(s["labels"])
-                ticks = np.frombuffer(s["read"].read_mapped(0, n * 8, copy=True), np.uint64).astype(np.int64)
-                s["read"].unmap()
-                s["state"] = FREE
-                for k, label in enumerate(s["labels"]):
+            if s.state == MAPPING and settled(s.promise):
+                s.promise.sync_wait()  # settled: returns at once
+                n = 2 * len(s.labels)
+                ticks = np.frombuffer(s.read.read_mapped(0, n * 8, copy=True), np.uint64).astype(np.int64)
+                s.read.unmap()
+                s.state, s.promise = FREE, None
+                for k, label in enumerate(s.labels):
                     begin, end = ticks[2 * k], ticks[2 * k + 1]
                     out.append((label, float(begin) * self.period_ns, max(0.0, (end - begin) * self.period_ns / 1e6)))
         return out

@@ -1,4 +1,5 @@
-"""The package format's constants, and what the runtime reads off a checked manifest's entries."""
+"""The package format's constants, and helpers on a manifest as stored (msgpack maps: the compiler's
+and the checks' view of it; the runtime reads it as typed records, runtime/records.py)."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,7 @@ MAGIC = b"MNPK\r\n\x1a\n"
 FORMAT_NAME = "meganeura-package"
 FORMAT_VERSION = 5  # 5: dispatches may carry a "quick" variant; 4: kernels may read sizes from a uniform buffer ("lifted")
 READABLE_VERSIONS = (3, 4, 5)  # 4: the same without quick variants, 3: nor lifted sizes
-MAX_LIFTED = 64  # u32 sizes a kernel may read from it (compiler/lift_sizes.py)
+MAX_LIFTED = 64  # u32 sizes a kernel may read from it (compiler/codegen/lift_sizes.py)
 MAX_MANIFEST = 256 << 20
 ROLES = ("input", "param", "state", "constant", "output")
 DTYPES = {"f32": np.float32, "i32": np.int32, "f16": np.float16}  # f16: parameters only (stored weights)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .package import F16_MAX
+from .format import F16_MAX
 
 
 def fits(t, v):
-    """Refuse values an f16 tensor cannot hold (beyond 65504 they would become infinite)."""
-    if t["dtype"] == "f16" and v.dtype != np.float16 and np.abs(v).max(initial=0.0) > F16_MAX:
-        raise ValueError(f"{t['role']} {t['name']!r} is stored in half precision (compiled with f16 weights) and "
+    """`t` (a records.TensorInfo) can hold `v`: refuse values an f16 tensor cannot hold (beyond 65504 they would become infinite)."""
+    if t.dtype == "f16" and v.dtype != np.float16 and np.abs(v).max(initial=0.0) > F16_MAX:
+        raise ValueError(f"{t.role} {t.name!r} is stored in half precision (compiled with f16 weights) and "
                          f"cannot hold values beyond {F16_MAX:g}")
 
 
@@ -29,10 +29,11 @@ def pad(v, start, b):
 
 
 def coerce(name, value, t, check_finite=True):
+    """`value` as input `name` (tensor `t`, a records.TensorInfo) takes it, checked."""
     arr = np.asarray(value)
-    if list(arr.shape) != list(t["shape"]):
-        raise ValueError(f"input {name!r} has shape {list(arr.shape)}; the model expects {t['shape']}")
-    if t["dtype"] == "i32":
+    if arr.shape != t.shape:
+        raise ValueError(f"input {name!r} has shape {list(arr.shape)}; the model expects {list(t.shape)}")
+    if t.dtype == "i32":
         if arr.dtype.kind not in "iub":
             raise TypeError(f"input {name!r} holds {arr.dtype} values; it takes integers")
         if arr.size and (arr.min() < -(2 ** 31) or arr.max() >= 2 ** 31):

@@ -1,4 +1,4 @@
-"""The sizes lifted out of a package's kernels (compiler/lift_sizes.py): one kernel serves
+"""The sizes lifted out of a package's kernels (compiler/codegen/lift_sizes.py): one kernel serves
 dispatches of several sizes, each dispatch reading its own from a slice of one uniform buffer."""
 from __future__ import annotations
 
@@ -8,12 +8,6 @@ import numpy as np
 def slice_bytes(count: int) -> int:
     """Bytes of a kernel's `mn_sizes` (array<vec4<u32>, ceil(count / 4)>)."""
     return 16 * -(-count // 4)
-
-
-def manifest_values(m: dict) -> set:
-    """Every distinct tuple of lifted values the manifest's dispatches (and variants) carry."""
-    return {tuple(e["lifted"]) for p in m["programs"].values() for d in p["dispatches"]
-            for e in (d, *d.get("variants", {}).values()) if e.get("lifted")}
 
 
 def layout(values: set, align: int) -> tuple:

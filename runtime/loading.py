@@ -1,6 +1,7 @@
 """A Session made on a thread of its own (Session.load_in_background), so that a game's frames
-go on while the driver compiles: a first launch of ResNet-50's training package compiles for
-about a second on 16 cores, which made in the render loop is a second-long frame."""
+go on while the driver compiles (a first launch of a big package compiles for a second or more,
+which made in the render loop is a second-long frame); and Python's thread switch interval,
+shortened while a load runs when the host asks for it (`host_switch_interval`)."""
 from __future__ import annotations
 
 import inspect
@@ -10,26 +11,75 @@ import threading
 
 from .threads import OnThread
 
-# cores a background load leaves to the host (its render and game threads). H200 host, 16
-# cores, a 60 Hz loop of small GPU round trips during a first launch of ResNet-50's training
-# package: 16 compile threads loaded it in 1.12-1.20 s with the worst frame 96-177 ms (two
-# runs); 12 threads in 1.17-1.39 s, worst 36-59 ms (six runs; bench/load_in_background.py,
-# results session12-load-in-background.json; bind groups then made on the compile threads too)
+# cores a background load leaves to the host (its render and game threads): compiles on every core
+# stretch the host's worst frame more than they shorten the load (bench/load_in_background.py)
 SPARE_CORES = 4
-# Python's thread switch interval while background loads run (restored when the last one ends):
-# a host thread calling into wgpu waits, after each call, for the loading threads' Python to
-# hand the interpreter back, up to the interval each time. H200, the worst frame of a 60 Hz loop
-# (~25 wgpu calls a frame) during first launches, bind groups on one thread, at Python's 5 ms
-# against 0.5 ms: SmolLM2 48-65 ms (six runs) against 33-78, median 40 (five); DINOv2 11-21
-# (three) against 9-28, median 12 (four); ResNet-50 19-35 (six) against 19-22 (four); loads no
-# slower (bench/results session13-load-in-background.json, -experiments.json)
+# a host_switch_interval that suits a host calling into wgpu from its frame loop while a load runs:
+# after each call, the host's thread waits for the loading threads' Python to hand the interpreter
+# back, up to the interval each time (Python's own is 5 ms; bench/load_in_background.py measures both)
 SWITCH_INTERVAL = 0.0005
-_switch = {"lock": threading.Lock(), "loads": 0, "saved": None, "set": None}  # running loads, what they found and set
+
+
+class _Shortened:
+    """The loads running with a host_switch_interval, the interval the first of them found, and
+    the one they set (restored when the last ends, unless the host has set its own meanwhile)."""
+
+    lock = threading.Lock()
+    loads = 0
+    found: float | None = None
+    set_to: float | None = None
 
 
 def default_threads() -> int:
     """Compile threads of a background load: the cores less SPARE_CORES (at least one)."""
     return max(1, (os.cpu_count() or 1) - SPARE_CORES)
+
+
+def checked_switch_interval(host_switch_interval: float | None, alias: float | None = None) -> float | None:
+    """The host_switch_interval asked for (given under its name or its older one, `switch_interval`,
+    not both); ValueError unless it is None or at least a microsecond."""
+    if alias is not None:
+        if host_switch_interval is not None:
+            raise TypeError("give host_switch_interval or switch_interval (its older name), not both")
+        host_switch_interval = alias
+    if host_switch_interval is not None and not host_switch_interval >= 1e-6:  # (Python keeps whole microseconds)
+        raise ValueError(f"host_switch_interval must be at least 1e-6 seconds, or None; got {host_switch_interval!r}")
+    return host_switch_interval
+
+
+def shorten_switch_interval(host_switch_interval: float | None):
+    """Python's switch interval at most `host_switch_interval` seconds while this load runs (None:
+    left as it is); returns the load's release, which does something only the first time it is
+    called. When the last such load releases, the interval the first one found comes back, unless
+    the host has set one of its own meanwhile."""
+    if host_switch_interval is None:
+        return lambda: None
+    state = _Shortened
+    with state.lock:
+        now = sys.getswitchinterval()
+        if state.loads == 0 or now != state.set_to:  # (or the host has set its own since the last load began)
+            state.found = now
+        if host_switch_interval < now:
+            _set(host_switch_interval)
+        state.set_to = sys.getswitchinterval()
+        state.loads += 1
+    released = False
+
+    def release():
+        nonlocal released
+        with state.lock:
+            if released:
+                return
+            released = True
+            state.loads -= 1
+            if state.loads == 0 and sys.getswitchinterval() == state.set_to and state.found > 0:
+                _set(state.found)
+    return release
+
+
+def _set(host_switch_interval: float) -> None:
+    """The one place the runtime sets Python's switch interval: a load's, then the one it found."""
+    sys.setswitchinterval(host_switch_interval)
 
 
 class LoadingSession:
@@ -40,16 +90,15 @@ class LoadingSession:
     driver would be stopped mid-compile)."""
 
     def __init__(self, session_class, device, package, threads: int | None, options: dict,
-                 switch_interval: float | None):
+                 host_switch_interval: float | None):
         inspect.signature(session_class).bind(device, package, **options)  # a wrong argument: now, not at result()
-        if switch_interval is not None and not switch_interval >= 1e-6:  # (Python keeps whole microseconds)
-            raise ValueError(f"switch_interval must be at least 1e-6 seconds, or None; got {switch_interval!r}")
+        host_switch_interval = checked_switch_interval(host_switch_interval)
         if device is None:  # wgpu's shared default device made on the host's thread, as Session(None, ...) would
             from .device import default_device
 
             device = default_device()
-        self._progress = _Progress(threads if threads is not None else default_threads())
-        release = _switch_sooner(switch_interval) if switch_interval is not None else (lambda: None)
+        self._progress = Progress(threads if threads is not None else default_threads())
+        release = shorten_switch_interval(host_switch_interval)
 
         def make():
             try:
@@ -75,34 +124,7 @@ class LoadingSession:
         return 1.0 if self._made.done() else self._progress.fraction()
 
 
-def _switch_sooner(interval: float):
-    """Python's switch interval at most `interval` while this load runs (see SWITCH_INTERVAL);
-    returns the load's release, which does something only the first time it is called. When
-    the last load releases, the interval the first one found comes back, unless the host has
-    set one of its own meanwhile."""
-    with _switch["lock"]:
-        now = sys.getswitchinterval()
-        if _switch["loads"] == 0 or now != _switch["set"]:  # (or the host has set its own since the last load began)
-            _switch["saved"] = now
-        if interval < now:
-            sys.setswitchinterval(interval)
-        _switch["set"] = sys.getswitchinterval()
-        _switch["loads"] += 1
-    released = False
-
-    def release():
-        nonlocal released
-        with _switch["lock"]:
-            if released:
-                return
-            released = True
-            _switch["loads"] -= 1
-            if _switch["loads"] == 0 and sys.getswitchinterval() == _switch["set"] and _switch["saved"] > 0:
-                sys.setswitchinterval(_switch["saved"])
-    return release
-
-
-class _Progress:
+class Progress:
     """Counts what a Session's constructor has made, from its loading threads; and how many
     threads it compiles on."""
 

@@ -8,50 +8,50 @@ from contextlib import contextmanager
 from .errors import PackageError
 
 
-def _fail(msg):
+def fail(msg):
     raise PackageError(msg)
 
 
-def _int(v, where, lo=0, hi=1 << 40):
+def check_int(v, where, lo=0, hi=1 << 40):
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        _fail(f"{where}: expected an integer in [{lo}, {hi}], got {v!r:.80}")
+        fail(f"{where}: expected an integer in [{lo}, {hi}], got {v!r:.80}")
     return v
 
 
-def _ints(values, where, lo=0, hi=1 << 40) -> None:
-    """Each of `values` an integer in [lo, hi]: _int's check, its message made only for a
-    value that fails (a manifest holds ~100,000 of them: SD-1.5's checks 69 -> 48 ms on a 2-core VM)."""
+def check_ints(values, where, lo=0, hi=1 << 40) -> None:
+    """Each of `values` an integer in [lo, hi]: check_int's check, its message made only for a
+    value that fails (a big model's manifest holds ~100,000 of them)."""
     for v in values:
-        if type(v) is not int or v < lo or v > hi:  # (an int subclass in range passes _int too)
-            _int(v, where, lo, hi)
+        if type(v) is not int or v < lo or v > hi:  # (an int subclass in range passes check_int too)
+            check_int(v, where, lo, hi)
 
 
-def _str(v, where, max_len=1 << 20):
+def check_str(v, where, max_len=1 << 20):
     if not isinstance(v, str) or len(v) > max_len:
-        _fail(f"{where}: expected a string, got {type(v).__name__}")
+        fail(f"{where}: expected a string, got {type(v).__name__}")
     return v
 
 
-def _list(v, where, max_len=1 << 20):
+def check_list(v, where, max_len=1 << 20):
     if not isinstance(v, list) or len(v) > max_len:
-        _fail(f"{where}: expected a list, got {type(v).__name__}")
+        fail(f"{where}: expected a list, got {type(v).__name__}")
     return v
 
 
-def _dict(v, where):
+def check_dict(v, where):
     if not isinstance(v, dict):
-        _fail(f"{where}: expected a map, got {type(v).__name__}")
+        fail(f"{where}: expected a map, got {type(v).__name__}")
     return v
 
 
-def _key(d, k, where):
+def field(d, k, where):
     if k not in d:
-        _fail(f"{where}: missing field {k!r}")
+        fail(f"{where}: missing field {k!r}")
     return d[k]
 
 
 @contextmanager
-def _no_collection():
+def no_collection():
     """The cycle collector paused: objects it would free mid-parse run their destructors in the
     parser's stack, and at a hostile depth those fail (RecursionError, unraisable)."""
     was = gc.isenabled()

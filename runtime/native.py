@@ -59,9 +59,9 @@ def _bind_group_calls():
 
 def bind_group(device, layout, buffers, label: str = ""):
     """A bind group of `buffers` ([(buffer, offset, size)], binding = index) through the C call
-    wgpu-py makes, its errors raised as wgpu-py raises them: ~10 us of Python each, against
-    40-75 through device.create_bind_group's argument checks (lavapipe host; a Session makes
-    1,300 for ResNet-50's training package, on one thread that holds the GIL)."""
+    wgpu-py makes, its errors raised as wgpu-py raises them: a fraction of the Python that
+    device.create_bind_group's argument checks cost (a Session makes thousands for a big training
+    package, on one thread that holds the GIL)."""
     calls = _bind_group_calls()
     if calls is None:  # another wgpu-py layout: the public call
         return device.create_bind_group(layout=layout, label=label, entries=[
@@ -79,9 +79,8 @@ def bind_group(device, layout, buffers, label: str = ""):
 
 def raw_calls():
     """wgpu-native's own C entry points for the three per-dispatch calls, or None. Through
-    wgpu-py each call costs ~2.8 us of CPU on the H200 host (argument checks, an ffi array
-    per set_bind_group, error capture around every call); the C calls cost a fraction of
-    that. Skipping the capture loses nothing: wgpu-core stores errors made while encoding
+    wgpu-py each call costs microseconds of CPU (argument checks, an ffi array per
+    set_bind_group, error capture around every call); the C calls cost a fraction of that. Skipping the capture loses nothing: wgpu-core stores errors made while encoding
     a pass and reports them at its end(), which still goes through wgpu-py."""
     try:
         from wgpu.backends.wgpu_native._ffi import ffi, lib

@@ -14,13 +14,11 @@ by the Session, which makes a gigabyte of weights' buffers meanwhile.
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 import mmap
 import os
 import struct
 import threading
-import zlib
+import zlib  # noqa: F401  (tests slow its checks through this module)
 
 import msgpack
 import numpy as np
@@ -30,16 +28,20 @@ from .format import (  # noqa: F401  (importers take them from here too)
     DTYPES, F16_MAX, FORMAT_NAME, FORMAT_VERSION, MAGIC, MAX_LIFTED, MAX_MANIFEST, OFFSET_ALIGN, QUICK, READ_STEP,
     READABLE_VERSIONS, as_variant, kernels_of, tensor_bytes)
 from .manifest_checks import check_layout, check_programs, validate_manifest  # noqa: F401  (validate_manifest: tests)
-from .manifest_fields import _dict, _fail, _int, _key, _list, _no_collection
-from .threads import FileReader, OnThread, Stoppable, run_on_threads
-from .workgroup_memory import workgroup_bytes  # noqa: F401  (the Session and tests import it from here)
+from .manifest_fields import fail
+from .records import BufferPlan, Manifest, parse_manifest, parse_plan
+from .threads import FileReader, OnThread, Stoppable, run_on_threads  # noqa: F401  (importers take it from here)
+from .weights_blob import check_blob, header_end, weight_views, weights_layout
+from .workgroup_memory import workgroup_bytes  # noqa: F401  (importers take it from here too)
 
 
 class Package:
-    """A validated package: the manifest, the weights, and typed views of both."""
+    """A validated package: `manifest` as stored (msgpack maps), `weights`, and the manifest as typed
+    records: `plan` (buffers and tensors) and `parsed` (all of it; runtime/records.py)."""
 
     def __init__(self, manifest: dict, weights: dict, raw_size: int = 0):
         self.manifest = manifest
+        self._plan, self._parsed = None, None  # its records, parsed once when first asked for
         self._weights = weights
         self._programs_unchecked = False  # a file's kernels and programs: checked by _check_programs
         self._reading = None  # an OnThread until a file's weights are read (mapped: their layout) and checked
@@ -109,7 +111,7 @@ class Package:
         """A mapped file cut short since it was mapped: PackageError now, before a read of its
         missing pages stops the process (SIGBUS)."""
         if self._mapping is not None and self._mapping[0].size() < self.raw_size:
-            _fail(f"cannot read package {self._mapping[1]}: the file was cut short to {self._mapping[0].size()} "
+            fail(f"cannot read package {self._mapping[1]}: the file was cut short to {self._mapping[0].size()} "
                   f"bytes (of {self.raw_size}) while mapped; replace a package by a rename, not by writing into it")
 
     def _while_checked(self, use, stop=None) -> None:
@@ -169,6 +171,7 @@ class Package:
             size = os.fstat(f.fileno()).st_size
             read = FileReader(f, size, lambda why: PackageError(f"cannot read package {path}: {why}"))
             manifest, start, end = _head(read.bytes, size, programs)
+            plan = parse_plan(manifest)  # (the reading thread checks the weights against it)
             blob = _mapped(f, start, end, path) if mapped and end > start else None
             if blob is None:
                 try:
@@ -180,36 +183,37 @@ class Package:
             f.close()
             raise
         package = cls(manifest, None, size)
+        package._plan = plan
         package._programs_unchecked = not programs
         package._cancel = cancel = threading.Event()
-        ck = manifest["blob_checksum"]
+        ck = plan.checksum
         if mapped:
             f.close()  # (the mapping holds the file)
             package._mapping = (blob.obj, path)
-            package._checks = lambda: Stoppable(lambda stop: _check_blob(blob, ck, 0, len(blob), stop))
+            package._checks = lambda: Stoppable(lambda stop: check_blob(blob, ck, 0, len(blob), stop))
             package._checking, package._fresh, package._verified = package._checks(), True, False
 
             def layout():  # the header's chunks checked (the whole blob's check is running beside)
-                head = _header_end(blob, ck["chunk_bytes"])
-                _check_blob(blob, ck, 0, head, cancel)
-                return _weight_views(blob, _weights_layout(blob[:head], len(blob), manifest))
+                head = header_end(blob, ck.chunk_bytes)
+                check_blob(blob, ck, 0, head, cancel)
+                return weight_views(blob, weights_layout(blob[:head], len(blob), plan))
             package._reading = OnThread(layout)
             return package
 
         def rest():
             with f:
                 # the chunks holding the safetensors header first: its offsets are checked first
-                head = min(len(blob), ck["chunk_bytes"])
+                head = min(len(blob), ck.chunk_bytes)
                 read.into(blob, start, 0, head, READ_STEP, cancel)
-                more = _header_end(blob, ck["chunk_bytes"])  # (a header longer than a chunk: the chunks up to its end)
+                more = header_end(blob, ck.chunk_bytes)  # (a header longer than a chunk: the chunks up to its end)
                 if more > head:
                     read.into(blob, start, head, more, READ_STEP, cancel)
                     head = more
-                _check_blob(blob, ck, 0, head, cancel)
-                layout = _weights_layout(blob[:head], len(blob), manifest)
+                check_blob(blob, ck, 0, head, cancel)
+                layout = weights_layout(blob[:head], len(blob), plan)
                 read.into(blob, start, head, len(blob), READ_STEP, cancel)
-            _check_blob(blob, ck, head, len(blob), cancel)
-            return _weight_views(blob, layout)
+            check_blob(blob, ck, head, len(blob), cancel)
+            return weight_views(blob, layout)
         package._reading = OnThread(rest)
         return package
 
@@ -222,32 +226,45 @@ class Package:
         """`data`: the package's bytes (bytes, or a view of memory nobody else holds)."""
         manifest, start, end = _head(lambda a, b: data[a:b], len(data))
         blob = memoryview(data)[start:end]
-        _check_blob(blob, manifest["blob_checksum"], 0, len(blob))
-        return cls(manifest, _weight_views(blob, _weights_layout(blob, len(blob), manifest)), len(data))
+        package = cls(manifest, None, len(data))
+        check_blob(blob, package.plan.checksum, 0, len(blob))
+        package._weights = weight_views(blob, weights_layout(blob, len(blob), package.plan))
+        return package
 
-    # typed views
+    @property
+    def plan(self) -> BufferPlan:
+        """The buffers, the tensors in them and the device's requirements, as typed records."""
+        if self._plan is None:
+            self._plan = parse_plan(self.manifest)
+        return self._plan
+
+    @property
+    def parsed(self) -> Manifest:
+        """The whole manifest as typed records (a file opened without its kernels' and programs'
+        checks has them run first)."""
+        if self._parsed is None:
+            self._check_programs()
+            self._parsed = parse_manifest(self.manifest, self.plan)
+        return self._parsed
+
     @property
     def programs(self) -> dict:
+        """The manifest's programs as stored (name -> map; `parsed.programs` holds them as records)."""
         return self.manifest["programs"]
 
     @property
     def tensors(self) -> list:
+        """The manifest's tensors as stored (maps; `plan.tensors` holds them as records)."""
         return self.manifest["tensors"]
 
-    def tensor(self, name: str, role: str):
-        for t in self.tensors:
-            if t["name"] == name and t["role"] == role:
-                return t
-        return None
-
     def param_names(self) -> list:
-        return [t["name"] for t in self.tensors if t["role"] == "param"]
+        return self.plan.param_names()
 
     def summary(self) -> str:
         """What `meganeura info` prints: sizes, parameters, programs, kernels, training."""
-        from .package_summary import summary  # (it reads this module's names)
+        from .package_summary import summary
 
-        return summary(self.manifest, self.raw_size)
+        return summary(self.parsed, self.raw_size)
 
 
 def _head(read, size: int, programs: bool = True):
@@ -255,23 +272,23 @@ def _head(read, size: int, programs: bool = True):
     a to b: the magic, version, lengths and the checksum over the head, then every field (but
     the kernels' and programs' without `programs`: Package._check_programs)."""
     if size < len(MAGIC) + 12 + 8 + 32:
-        _fail(f"not a meganeura package: {size} bytes is too short")
+        fail(f"not a meganeura package: {size} bytes is too short")
     first = read(0, 20)
     if first[:8] != MAGIC:
-        _fail("not a meganeura package: wrong magic bytes")
+        fail("not a meganeura package: wrong magic bytes")
     version, man_len = struct.unpack_from("<IQ", first, 8)
     if version not in READABLE_VERSIONS:
-        _fail(f"package format version {version}; this runtime reads versions {READABLE_VERSIONS}: "
+        fail(f"package format version {version}; this runtime reads versions {READABLE_VERSIONS}: "
               "recompile the model with a matching meganeura")
     if man_len > MAX_MANIFEST or 20 + man_len + 8 + 32 > size:
-        _fail(f"truncated or damaged package: manifest length {man_len} exceeds the file")
+        fail(f"truncated or damaged package: manifest length {man_len} exceeds the file")
     head = read(0, 20 + man_len + 8)
     (blob_len,) = struct.unpack_from("<Q", head, 20 + man_len)
     end = 20 + man_len + 8 + blob_len
     if end + 32 != size:
-        _fail(f"truncated or damaged package: expected {end + 32} bytes, file has {size}")
+        fail(f"truncated or damaged package: expected {end + 32} bytes, file has {size}")
     if hashlib.sha256(head).digest() != read(end, end + 32):
-        _fail("damaged package: the checksum does not match the contents")
+        fail("damaged package: the checksum does not match the contents")
     try:
         manifest = msgpack.unpackb(head[20:20 + man_len], raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several types for bad bytes
@@ -293,8 +310,8 @@ def _checked(check, manifest) -> None:
 
 def _mapped(f, start: int, end: int, path):
     """The file's bytes start to end as a read-only view of its mapping (the page cache's own
-    pages: a 3.3 GB read into fresh memory took 0.13 s of 16 cores on the H200 host, more beside
-    the compiles); None where it cannot or should not be mapped (the caller reads it instead)."""
+    pages: a read of gigabytes into fresh memory pays the first touch of every page, on cores the
+    compiles want); None where it cannot or should not be mapped (the caller reads it instead)."""
     if os.name != "posix":  # (Windows: a mapped file cannot be replaced, so a new package renamed onto it would fail)
         return None
     try:
@@ -302,101 +319,5 @@ def _mapped(f, start: int, end: int, path):
     except (OSError, ValueError, OverflowError):  # (a file system without mappings; a 32-bit process)
         return None
     if len(whole) < end + 32:  # cut short since its head was read
-        _fail(f"cannot read package {path}: the file ended at byte {len(whole)} of {end + 32} while being read")
+        fail(f"cannot read package {path}: the file ended at byte {len(whole)} of {end + 32} while being read")
     return memoryview(whole)[start:end]
-
-
-def _header_end(blob: memoryview, chunk: int) -> int:
-    """Where the checksum chunks holding the blob's safetensors header end (its length read from
-    the first 8 bytes, which must be in; a damaged length is caught by the chunks' check)."""
-    n = struct.unpack_from("<Q", blob, 0)[0] if len(blob) >= 8 else 0
-    return min(len(blob), -(-(8 + min(n, len(blob))) // chunk) * chunk)
-
-
-def _check_blob(blob: memoryview, ck: dict, first: int, last: int, cancel=None):
-    """The weights' chunks within bytes first to last (chunk bounds, or the end) against their
-    CRC-32s, on threads (zlib releases the GIL); `cancel`, once set, stops it."""
-    size = ck["chunk_bytes"]
-    ranges = [(o, min(len(blob), o + size)) for o in range(0, len(blob), size)] or [(0, 0)]
-    if len(ck["values"]) != 4 * len(ranges):
-        _fail(f"damaged package: {len(ck['values']) // 4} weight checksums for {len(ranges)} chunks")
-    want = struct.unpack(f">{len(ranges)}I", ck["values"])
-    bad = []
-
-    def check(c):
-        if cancel is not None and cancel.is_set():
-            _fail("the check was cancelled")
-        a, b = ranges[c]
-        if zlib.crc32(blob[a:b]) != want[c]:
-            bad.append(c)
-    todo = [c for c, (a, b) in enumerate(ranges) if first <= a and b <= last and (a < b or not len(blob))]
-    run_on_threads([lambda c=c: check(c) for c in todo])
-    if bad:
-        a, b = ranges[min(bad)]
-        _fail(f"damaged weights: bytes {a}-{b} of the weights blob fail their checksum "
-              f"({len(bad)} damaged of the {len(todo)} chunks checked)")
-
-
-def _weights_layout(head: memoryview, blob_len: int, m: dict) -> dict:
-    """name -> (dtype, shape, byte offset in the blob) of each weight, from the blob's first
-    bytes (`head`, holding its safetensors header; a header parsed here instead of by the
-    safetensors library, whose load copies every tensor: SD-1.5, 3.4 GB twice at each load),
-    checked against the blob's length and the manifest's tensors."""
-    layout = {}
-    if not blob_len:
-        return layout
-    if blob_len < 8:
-        _fail("damaged weights: the safetensors header is cut short")
-    (n,) = struct.unpack_from("<Q", head, 0)
-    if n > blob_len - 8 or n > MAX_MANIFEST or 8 + n > len(head):
-        _fail(f"damaged weights: safetensors header length {n} exceeds the blob")
-    try:
-        with _no_collection():  # a hostile header nests deep: no destructors run at that depth
-            header = json.loads(bytes(head[8:8 + n]))
-    except (ValueError, RecursionError) as exc:
-        raise PackageError(f"damaged weights: unreadable safetensors header ({exc})") from None
-    if not isinstance(header, dict):
-        _fail("damaged weights: the safetensors header is not a map")
-    data_len = blob_len - 8 - n
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        w = f"weights[{name!r:.80}]"
-        _dict(e, w)
-        name_of = _key(e, "dtype", w)
-        dtype = {k.upper(): v for k, v in DTYPES.items()}.get(name_of) if isinstance(name_of, str) else None
-        if dtype is None:
-            _fail(f"{w}: dtype {name_of!r:.20} is not F32, I32 or F16")
-        shape = [_int(d, f"{w}.shape", 0, 1 << 32) for d in _list(_key(e, "shape", w), f"{w}.shape", 8)]
-        offsets = _list(_key(e, "data_offsets", w), f"{w}.data_offsets", 2)
-        a, b = (_int(o, f"{w}.data_offsets", 0, data_len) for o in offsets) if len(offsets) == 2 else (-1, -1)
-        count = math.prod(shape)  # Python ints: no wrap-around
-        item = np.dtype(dtype).itemsize
-        if a < 0 or b - a != item * count:
-            _fail(f"{w}: data_offsets {offsets!r:.60} do not hold {count} values of {item} bytes")
-        layout[name] = [np.dtype(dtype), shape, 8 + n + a]
-    named = {t["name"] for t in m["tensors"] if t["role"] != "output" and t["init"] == "blob"}
-    if set(layout) - named:
-        _fail(f"the weights hold tensors the manifest does not name: {sorted(set(layout) - named)[:5]}")
-    for i, t in enumerate(m["tensors"]):
-        if t["role"] == "output" or t["init"] != "blob":
-            continue
-        if t["name"] not in layout:
-            _fail(f"tensors[{i}] ({t['name']}): no weights in the package")
-        dtype, shape, offset = layout[t["name"]]
-        if t["shape"] == [] and shape == [1]:
-            layout[t["name"]][1] = shape = []  # safetensors stores scalars as [1]
-        if shape != list(t["shape"]) or dtype != DTYPES[t["dtype"]]:
-            _fail(f"tensors[{i}] ({t['name']}): weights are {dtype}{shape}, "
-                  f"the manifest says {t['dtype']}{t['shape']}")
-    return layout
-
-
-def _weight_views(blob: memoryview, layout: dict) -> dict:
-    """name -> read-only ndarray viewing the package's bytes."""
-    weights = {}
-    for name, (dtype, shape, offset) in layout.items():
-        arr = np.frombuffer(blob, dtype, math.prod(shape), offset).reshape(shape)
-        arr.flags.writeable = False  # a view of the package's bytes (which may be writable memory)
-        weights[name] = arr
-    return weights

@@ -4,42 +4,41 @@ from __future__ import annotations
 import numpy as np
 
 from .checkpoint import safetensors_bytes, write_atomic
-from .format import DTYPES
 from .inputs import fits
 
 
 class SessionWeights:
-    """Session's weights methods (runtime/session.py holds its buffers, its device and _gpu)."""
+    """Session's weights methods, on the Session's `_manifest` (runtime/records.py) and `_objects`
+    (runtime/gpu_objects.py: its buffers, their writes and reads)."""
 
-    def read_tensor(self, name: str, role: str = "param") -> np.ndarray:
-        t = self.package.tensor(name, role)
+    def _tensor(self, name: str, role: str):
+        t = self._manifest.plan.tensor(name, role)
         if t is None:
             raise KeyError(f"no {role} named {name!r}")
-        count = int(np.prod(t["shape"], dtype=np.int64))
-        if count == 0:
-            return np.zeros(t["shape"], dtype=DTYPES[t["dtype"]])
-        with self._gpu(f"reading {name}"):
-            size = count * np.dtype(DTYPES[t["dtype"]]).itemsize
-            data = self.device.queue.read_buffer(self.buffers[t["buffer"]], t.get("offset", 0), -(-size // 4) * 4)
-        return np.frombuffer(data, dtype=DTYPES[t["dtype"]])[:count].reshape(t["shape"]).copy()
+        return t
+
+    def read_tensor(self, name: str, role: str = "param") -> np.ndarray:
+        t = self._tensor(name, role)
+        if t.count == 0:
+            return np.zeros(t.shape, dtype=t.np_dtype)
+        with self._objects.guard(f"reading {name}"):
+            return self._objects.read(t)
 
     def write_tensor(self, name: str, value, role: str = "state") -> None:
         """Overwrite a parameter or state tensor (e.g. "optimizer.lr" for a schedule)."""
-        t = self.package.tensor(name, role)
-        if t is None:
-            raise KeyError(f"no {role} named {name!r}")
+        t = self._tensor(name, role)
         v = np.asarray(value)
-        if list(v.shape) != list(t["shape"]):
-            raise ValueError(f"{role} {name!r} has shape {t['shape']}, got {list(v.shape)}")
+        if v.shape != t.shape:
+            raise ValueError(f"{role} {name!r} has shape {list(t.shape)}, got {list(v.shape)}")
         fits(t, v)
-        with self._gpu(f"writing {name}"):
-            self._write(t, v)
+        with self._objects.guard(f"writing {name}"):
+            self._objects.write(t, v)
 
     def weights(self, only=None) -> dict:
         """Parameters by name; `only`: glob patterns selecting some (e.g. ["decoder.*"])."""
         import fnmatch
 
-        names = self.package.param_names()
+        names = self._manifest.plan.param_names()
         if only is not None:
             names = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in only)]
         return {name: self.read_tensor(name) for name in names}
@@ -66,29 +65,22 @@ class SessionWeights:
         self.set_weights(values, strict)
 
     def set_weights(self, values: dict, strict: bool = True) -> None:
-        names = set(self.package.param_names())
+        plan = self._manifest.plan
+        names = set(plan.param_names())
         unknown, missing = set(values) - names, names - set(values)
         if strict and (unknown or missing):
             raise ValueError(f"weights do not match the package: missing {sorted(missing)}, "
                              f"unknown {sorted(unknown)}")
         checked = {}
         for name in names & set(values):
-            t = self.package.tensor(name, "param")
+            t = plan.tensor(name, "param")
             v = np.asarray(values[name])
-            if list(v.shape) != list(t["shape"]):
-                raise ValueError(f"weight {name!r} has shape {list(v.shape)}, the package needs {t['shape']}")
+            if v.shape != t.shape:
+                raise ValueError(f"weight {name!r} has shape {list(v.shape)}, the package needs {list(t.shape)}")
             if not np.isfinite(v).all():
                 raise ValueError(f"weight {name!r} holds NaN or infinity")
             fits(t, v)
             checked[name] = (t, v)
-        with self._gpu("loading weights"):
+        with self._objects.guard("loading weights"):
             for t, v in checked.values():  # all checked first: a bad file changes nothing
-                self._write(t, v)
-
-    def _write(self, t, value, into=None):
-        arr = np.ascontiguousarray(value, dtype=DTYPES[t["dtype"]])
-        if arr.nbytes % 4:  # an odd number of f16 values: writes come in whole 4-byte words
-            arr = np.concatenate([arr.reshape(-1), np.zeros(1, arr.dtype)])
-        if arr.nbytes:  # straight from the array: wgpu copies it into its staging memory
-            buffers = self.buffers if into is None else into
-            self.device.queue.write_buffer(buffers[t["buffer"]], t.get("offset", 0), arr)
+                self._objects.write(t, v)

@@ -148,8 +148,7 @@ def in_background(calls: dict, threads: int, name: str = "meganeura-load"):
     them and raises the error of the first call (in that order) that failed (the calls not
     started when one fails are skipped); quiet: cancels
     what has not started and returns nothing. Drivers compile pipelines on the calling thread
-    and allow several at once (NVIDIA: ~15 ms each, cold; lavapipe, 2 cores: DINOv2's 118
-    kernels 0.40 -> 0.20 s on threads). `name`: its threads' names' prefix."""
+    and allow several at once, so a load's compiles go on threads. `name`: its threads' names' prefix."""
     workers = min(threads, os.cpu_count() or 1, len(calls))
     if workers <= 0:
         return lambda quiet=False: {} if quiet else {key: fn(*args) for key, (fn, *args) in calls.items()}

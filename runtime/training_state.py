@@ -1,36 +1,36 @@
 """A training package's training state made just after its load, on threads of its own.
 
 The buffers only the training step binds (gradients, optimizer moments, the activations its
-backward pass keeps, its labels) are most of a training package's memory: SD-1.5's 11.7 of
-15.0 GiB, ResNet-50's 1.4 of 1.7; the kernels only it runs are most of its pipelines (SD-1.5's
-quick tier at load: 23 pipelines instead of 60). A Session returns once what inference needs
-is made (its pipelines, the weights uploaded) and makes the rest behind it, as PyTorch makes an
-optimizer's state at its first step; whatever uses the training step, or one of those buffers,
-before they exist waits for them (`Session.training_ready` says whether it would), and a kernel
-of its that the WGSL compiler rejects is raised there (`training_error`), inference running on.
+backward pass keeps, its labels) are most of a training package's memory, and the kernels only it
+runs are most of its pipelines. A Session returns once what inference needs is made (its
+pipelines, the weights uploaded) and makes the rest behind it, as PyTorch makes an optimizer's
+state at its first step; whatever uses the training step, or one of those buffers, before they
+exist waits for them (`Session.training_ready` says whether it would), and a kernel of its that
+the WGSL compiler rejects is raised there (`training_error`), inference running on.
 """
 from __future__ import annotations
 
 import threading
 
+from .records import Manifest, parse_manifest
 from .threads import OnThread, Stoppable, again, in_background
-from .tiers import assemble, longest_first, make_bind_groups
+from .tiers import ProgramTable, assemble, longest_first, make_bind_groups
 
 TRAINING = "train_step"
 
 
-def deferred_buffers(manifest: dict) -> set:
+def deferred_buffers(manifest: Manifest | dict) -> set:
     """The buffers only the training program uses (none holding the package's weights); none
-    when the package has no other program to run first."""
-    programs, tensors = manifest["programs"], manifest["tensors"]
-    if TRAINING not in programs or len(programs) == 1:
+    when the package has no other program to run first. (A checked manifest as stored is parsed.)"""
+    m = parse_manifest(manifest) if isinstance(manifest, dict) else manifest
+    if TRAINING not in m.programs or len(m.programs) == 1:
         return set()
-    now = {t["buffer"] for t in tensors if t["init"] == "blob"}
-    for name, p in programs.items():
+    now = {t.buffer for t in m.tensors if t.init == "blob"}
+    for name, p in m.programs.items():
         if name != TRAINING:
-            now.update(bi for d in p["dispatches"] for bi in d["buffers"])
-            now.update(tensors[ti]["buffer"] for ti in (*p["inputs"].values(), *p["outputs"].values()))
-    return set(range(len(manifest["buffers"]))) - now
+            now.update(b.buffer for d in p.dispatches for b in d.bindings)
+            now.update(t.buffer for t in (*p.inputs.values(), *p.outputs.values()))
+    return set(range(len(m.buffers))) - now
 
 
 class Buffers:
@@ -77,41 +77,43 @@ class Buffers:
 
 
 class TrainingState:
-    """Makes `session`'s deferred buffers, and the pipelines of `kernels` (index -> kernel: those
-    only the training program runs as `variant`) on `threads` threads beside them, then the
-    training program's bind groups (a quick_start Session's tuned tier compiles once these
-    compiles end, and waits for the rest before it swaps), on threads started at once."""
+    """Makes the deferred buffers (`later`) with `objects` (a Session's gpu_objects.GpuObjects), and the
+    pipelines of `kernels` (index -> KernelInfo: those only the training program runs as `variant`)
+    on `threads` threads beside them, then the training program's bind groups, and adds them to
+    `table` (a quick_start Session's tuned tier compiles once these compiles end, and waits for the
+    rest before it swaps), on threads started at once."""
 
-    def __init__(self, session, later: set, variant: str, kernels: dict, threads: int):
-        self.session, self.error, self.program = session, None, TRAINING
+    def __init__(self, objects, table: ProgramTable, manifest: Manifest, later: set, variant: str, kernels: dict,
+                 threads: int):
+        self.objects, self.table, self.manifest = objects, table, manifest
+        self.error, self.program = None, TRAINING
         self.compiling = set(kernels)
-        self._compiles = in_background({i: (session._pipeline, i, k, False) for i, k in longest_first(
+        self._compiles = in_background({i: (objects.pipeline, i, k, False) for i, k in longest_first(
             list(kernels.items()))}, threads, "meganeura-training")
         self.compiled = OnThread(self._compiles, "meganeura-training")
         self._thread = Stoppable(lambda cancel: self._make(later, variant, cancel), name="meganeura-training")
 
     def _make(self, later, variant, cancel):
-        s, made = self.session, {}
+        objects, made = self.objects, {}
         try:
-            made = s._allocate(sorted(later), "the training state", cancel)
+            made = objects.allocate(sorted(later), "the training state", cancel)
             if cancel.is_set():  # (the Session is closing)
                 raise RuntimeError("this session was closed")
-            s.buffers.fill(made)
-            forms, groups = make_bind_groups(s, variant, 1, s._groups, cancel, programs=(TRAINING,))
+            objects.buffers.fill(made)
+            forms, groups = make_bind_groups(objects, self.manifest, variant, 1, self.table.groups, cancel,
+                                             programs=(TRAINING,))
             kernels = self.compiled.wait()
             if cancel.is_set():
                 raise RuntimeError("this session was closed")
-            programs = assemble(forms, {**s.kernels, **kernels}, groups)
+            programs = assemble(forms, {**self.table.kernels, **kernels}, groups)
         except BaseException as exc:  # noqa: BLE001  (raised where the training step is asked for)
             self.error = RuntimeError("this session was closed") if cancel.is_set() else exc  # (its compiles
             # cancelled: what stopped them)
             self._compiles(quiet=True)  # (of no use now)
-            s.allocated_bytes -= sum(b.size for b in made.values())
-            s.buffers.fail(exc)
+            objects.let_go(made)
+            objects.buffers.fail(exc)
             return
-        s.kernels = {**s.kernels, **kernels}  # (before a tuned tier's swap: it waits for this)
-        s._groups = groups
-        s._programs = {**s._programs, **programs}
+        self.table.extend(kernels, groups, programs)  # (before a tuned tier's swap: it waits for this)
 
     @property
     def done(self) -> bool:
@@ -131,4 +133,3 @@ class TrainingState:
         self._compiles(quiet=True)  # (those begun end; the others are cancelled)
         self._thread.stop()
         self.compiled.join()
-

@@ -77,13 +77,14 @@ def _size_align(ty: str):
     return None
 
 
-def check_workgroup_memory(kernels: list, used, shared: int) -> None:
-    """The kernels `used` (indices) against `shared`, the device's workgroup memory, before any GPU
-    object: wgpu 0.32 does not check it when it makes a pipeline (WebGPU's default limit is 16
-    KiB; GEMM tiles take 16, fused attention up to 32). PackageError names the first too big."""
+def check_workgroup_memory(kernels, used, shared: int) -> None:
+    """The kernels `used` (indices into `kernels`, KernelInfo records) against `shared`, the
+    device's workgroup memory, before any GPU object: wgpu 0.32 does not check it when it makes a
+    pipeline (WebGPU's default limit is 16 KiB; GEMM tiles take 16, fused attention up to 32).
+    PackageError names the first too big."""
     for i in sorted(used):
-        label = kernels[i].get("label", "")[:60]
-        need = workgroup_bytes(kernels[i]["wgsl"])
+        label = kernels[i].label[:60]
+        need = workgroup_bytes(kernels[i].wgsl)
         if need is None:
             raise PackageError(f"kernel {i} ({label}) declares workgroup memory of a type the runtime cannot "
                                "size, so it cannot check it against the device")

@@ -53,7 +53,7 @@ def run_on_gpu(device):
 @pytest.fixture
 def cnn_with_size_variants():
     """(model, {"x", "labels"}): three convolutions of different widths, so that their ReLUs and
-    ReLU gradients differ only in their lengths (kernels compiler/lift_sizes.py makes one)."""
+    ReLU gradients differ only in their lengths (kernels compiler/codegen/lift_sizes.py makes one)."""
     import numpy as np
     from meganeura.compiler import Builder
 
@@ -71,14 +71,14 @@ def cnn_with_size_variants():
 
 @pytest.fixture
 def hold_tuned(monkeypatch):
-    """An event the tuned tier's compiles (Session._pipeline on its pool's threads) wait for; set
+    """An event the tuned tier's compiles (GpuObjects.pipeline on its pool's threads) wait for; set
     when the test ends, whatever happened, so that no compile thread outlives it. Its `began`
     (an event) is set once one of them waits."""
     import threading
 
-    from meganeura.runtime import Session
+    from meganeura.runtime.gpu_objects import GpuObjects
 
-    gate, real = threading.Event(), Session._pipeline
+    gate, real = threading.Event(), GpuObjects.pipeline
     gate.began = threading.Event()
 
     def held(self, i, k, counted=True):
@@ -86,7 +86,7 @@ def hold_tuned(monkeypatch):
             gate.began.set()
             assert gate.wait(60)
         return real(self, i, k, counted)
-    monkeypatch.setattr(Session, "_pipeline", held)
+    monkeypatch.setattr(GpuObjects, "pipeline", held)
     yield gate
     gate.set()
 
@@ -95,15 +95,16 @@ def hold_tuned(monkeypatch):
 def training_state_out_of_memory(monkeypatch):
     """Sessions whose training state cannot be allocated (GPUOutOfMemoryError, as the device
     would say it); everything else is made as usual."""
-    from meganeura.runtime import GPUOutOfMemoryError, Session
+    from meganeura.runtime import GPUOutOfMemoryError
+    from meganeura.runtime.gpu_objects import GpuObjects
 
-    real = Session._allocate
+    real = GpuObjects.allocate
 
     def failing(self, which, what, *rest):
         if what == "the training state":
             raise GPUOutOfMemoryError("the training state needs more than this test allows")
         return real(self, which, what, *rest)
-    monkeypatch.setattr(Session, "_allocate", failing)
+    monkeypatch.setattr(GpuObjects, "allocate", failing)
 
 
 @pytest.fixture(scope="session")

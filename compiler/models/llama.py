@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..builder import Builder, Model
+from ..ir.builder import Builder, Model
 from . import config_from, param_source
 
 

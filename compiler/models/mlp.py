@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..builder import Builder, Model
+from ..ir.builder import Builder, Model
 
 
 def mlp(sizes, batch: int = 64, weights: dict | None = None, names=None, activation: str = "relu",

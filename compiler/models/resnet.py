@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..builder import Builder, Model
+from ..ir.builder import Builder, Model
 
 BASIC, BOTTLENECK = "basic", "bottleneck"
 EXPANSION = {BASIC: 1, BOTTLENECK: 4}

@@ -56,7 +56,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..builder import Builder, Model
+from ..ir.builder import Builder, Model
 from . import param_source
 from .llama import rope_tables
 

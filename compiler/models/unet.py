@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from ..builder import Builder, Model
+from ..ir.builder import Builder, Model
 
 DEFAULTS = {  # UNet2DConditionModel's defaults for the options read here
     "sample_size": 64, "in_channels": 4, "out_channels": 4, "flip_sin_to_cos": True, "freq_shift": 0,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .build_nn import _b_pool
-from .common import _ints, _Known
+from .build_nn import pool_builder
+from .common import as_ints, Known
 
 _NEG_INF = float("-inf")
 
@@ -110,7 +110,7 @@ def _b_rotary(im, ins, at):
     cos, sin = im.tensor(ins[1]), im.tensor(ins[2])
     if len(ins) > 3 and ins[3]:
         v = im.env[ins[3]]
-        ids = b.constant_ids(np.asarray(v.value)) if isinstance(v, _Known) else im.tensor(ins[3])
+        ids = b.constant_ids(np.asarray(v.value)) if isinstance(v, Known) else im.tensor(ins[3])
         cos, sin = b.gather(cos, ids), b.gather(sin, ids)
     cos, sin = (b.reshape(t, (bs, s, 1, r // 2)) for t in (cos, sin))
     cos, sin = (b.concat(t, t, axis=3) for t in (cos, sin))
@@ -193,22 +193,22 @@ def _b_lp_pool(im, ins, at):
     im.env[name] = powered
     if at.get("ceil_mode", 0):
         raise NotImplementedError(f"node {im.label!r}: LpPool with ceil_mode")
-    avg = _b_pool("avg")(im, [name], {**at, "count_include_pad": 1})  # zero padding: the window's sum / size
-    total = avg * float(np.prod(_ints(at["kernel_shape"])))
+    avg = pool_builder("avg")(im, [name], {**at, "count_include_pad": 1})  # zero padding: the window's sum / size
+    total = avg * float(np.prod(as_ints(at["kernel_shape"])))
     return b.sqrt(total) if p == 2 else b.pow(total, 1.0 / p)
 
 
 def _b_center_crop_pad(im, ins, at):
-    from .build_tensor import _slice
+    from .build_tensor import slice_along
 
     b, x = im.b, im.tensor(ins[0])
     rank = len(x.shape)
-    want = _ints(im.known(ins[1], "the shape"))
-    axes = [a % rank for a in _ints(at.get("axes", range(rank)))]
+    want = as_ints(im.known(ins[1], "the shape"))
+    axes = [a % rank for a in as_ints(at.get("axes", range(rank)))]
     for a, n in zip(axes, want):
         d = x.shape[a]
         if n < d:
-            x = _slice(im, x, a, (d - n) // 2, 1, n)
+            x = slice_along(im, x, a, (d - n) // 2, 1, n)
         elif n > d:
             starts = tuple((n - d) // 2 if i == a else 0 for i in range(rank))
             x = b.pad(x, starts=starts, steps=(1,) * rank, shape=x.shape[:a] + (n,) + x.shape[a + 1:], value=0.0)

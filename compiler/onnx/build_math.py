@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..builder import Tensor
-from .common import _BOOL, _FLOAT, _INT, _flatten_shape, _Known
+from ..ir.builder import Tensor
+from .common import BOOL_TYPE, FLOAT_TYPES, INT_TYPES, flatten_shape, Known
 
 
 def _unary(opname):
@@ -158,11 +158,11 @@ def _b_pow(im, ins, at):
 def _b_cast(im, ins, at, to=None):
     x = im.tensor(ins[0])
     to = at["to"] if to is None else to
-    if to == _BOOL:
+    if to == BOOL_TYPE:
         return im.mask_of(ins[0])
-    if to in _FLOAT:
+    if to in FLOAT_TYPES:
         return x if x.dtype == "f32" else im.b.op("cast", x, to="f32")
-    if to in _INT:
+    if to in INT_TYPES:
         return x if x.dtype == "i32" else im.b.op("cast", x, to="i32")
     raise NotImplementedError(f"node {im.label!r}: Cast to ONNX type {to} is not supported")
 
@@ -171,12 +171,12 @@ def _b_cast_like(im, ins, at):
     from onnx import helper
 
     like = im.env[ins[1]]
-    if isinstance(like, _Known):
+    if isinstance(like, Known):
         to = helper.np_dtype_to_tensor_dtype(like.value.dtype)
     else:
-        to = 1 if like.dtype == "f32" and like.id not in im.masks else _BOOL if like.dtype == "f32" else 6
+        to = 1 if like.dtype == "f32" and like.id not in im.masks else BOOL_TYPE if like.dtype == "f32" else 6
     src = im.env[ins[0]]
-    if isinstance(src, _Known) and src.kind == "const":  # a constant cast like a tensor stays known
+    if isinstance(src, Known) and src.kind == "const":  # a constant cast like a tensor stays known
         return src.value.astype(helper.tensor_dtype_to_np_dtype(to))
     return _b_cast(im, ins, at, to)
 
@@ -267,7 +267,7 @@ def _b_softmax(opname):
             return fn(x, at.get("axis", -1))
         # before opset 13: the input is coerced to 2-D at `axis` (default 1)
         shape = x.shape
-        flat = im.b.reshape(x, _flatten_shape(shape, at.get("axis", 1)))
+        flat = im.b.reshape(x, flatten_shape(shape, at.get("axis", 1)))
         return im.b.reshape(fn(flat, -1), shape)
     return build
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import _ints, _Known
+from .common import as_ints, Known
 
 
 def _spatial(im, x, op):
@@ -33,13 +33,13 @@ def _pads(at, sizes, kernel, strides, dil, nd, op):
         return [0] * (2 * nd)
     if auto != "NOTSET":
         raise NotImplementedError(f"{op} auto_pad {auto!r}")
-    return _ints(at.get("pads", [0] * (2 * nd)))
+    return as_ints(at.get("pads", [0] * (2 * nd)))
 
 
 def _geometry(at, x, kernel, nd, op):
     """strides, dilations, padding (top, left, bottom, right) as the 2-D rows take them."""
-    strides = _ints(at.get("strides", [1] * nd))
-    dil = _ints(at.get("dilations", [1] * nd))
+    strides = as_ints(at.get("strides", [1] * nd))
+    dil = as_ints(at.get("dilations", [1] * nd))
     p = _pads(at, x.shape[2:], kernel, strides, dil, nd, op)
     if nd == 1:
         return (1, strides[0]), (1, dil[0]), (0, p[0], 0, p[1])
@@ -70,12 +70,12 @@ def _b_conv_transpose(im, ins, at):
     x, w = im.tensor(ins[0]), im.tensor(ins[1])
     nd = _spatial(im, x, "ConvTranspose")
     sizes, kernel = x.shape[2:], w.shape[2:]
-    strides = _ints(at.get("strides", [1] * nd))
-    dil = _ints(at.get("dilations", [1] * nd))
-    outpad = _ints(at.get("output_padding", [0] * nd))
+    strides = as_ints(at.get("strides", [1] * nd))
+    dil = as_ints(at.get("dilations", [1] * nd))
+    outpad = as_ints(at.get("output_padding", [0] * nd))
     auto = at.get("auto_pad", "NOTSET")
     if "output_shape" in at or auto in ("SAME_UPPER", "SAME_LOWER"):
-        want = _ints(at["output_shape"])[-nd:] if "output_shape" in at else [n * s for n, s in zip(sizes, strides)]
+        want = as_ints(at["output_shape"])[-nd:] if "output_shape" in at else [n * s for n, s in zip(sizes, strides)]
         begin, end = [], []
         for i in range(nd):
             total = strides[i] * (sizes[i] - 1) + outpad[i] + (kernel[i] - 1) * dil[i] + 1 - want[i]
@@ -87,7 +87,7 @@ def _b_conv_transpose(im, ins, at):
             end.append(hi)
         pads = begin + end
     elif auto == "VALID" or auto == "NOTSET":
-        pads = _ints(at.get("pads", [0] * (2 * nd))) if auto == "NOTSET" else [0] * (2 * nd)
+        pads = as_ints(at.get("pads", [0] * (2 * nd))) if auto == "NOTSET" else [0] * (2 * nd)
     else:
         raise NotImplementedError(f"ConvTranspose auto_pad {auto!r}")
     if nd == 1:
@@ -99,14 +99,14 @@ def _b_conv_transpose(im, ins, at):
     return _from2d(im, _bias(im, y, ins, 2), nd)
 
 
-def _b_pool(kind):
+def pool_builder(kind):
     def build(im, ins, at):
         x = im.tensor(ins[0])
         op = "MaxPool" if kind == "max" else "AveragePool"
         nd = _spatial(im, x, op)
         if len(im.node.output) > 1 and im.node.output[1]:
             raise NotImplementedError(f"node {im.label!r}: MaxPool's Indices output")
-        kernel = _ints(at["kernel_shape"])
+        kernel = as_ints(at["kernel_shape"])
         s, d, p = _geometry(at, x, kernel, nd, op)
         k = tuple(kernel) if nd == 2 else (1, kernel[0])
         ceil = bool(at.get("ceil_mode", 0))
@@ -134,7 +134,7 @@ def _b_global_pool(kind):
 def _freeze(im, name):
     """A running statistic is never trained, also when the exporter said nothing."""
     v = im.env[name]
-    if isinstance(v, _Known) and v.kind == "param" and v.tensor is None:
+    if isinstance(v, Known) and v.kind == "param" and v.tensor is None:
         v.kind = "buffer"
     return im.tensor(name)
 
@@ -209,7 +209,7 @@ def _b_lp_norm(im, ins, at):
 
 def _b_mvn(im, ins, at):
     b, x = im.b, im.tensor(ins[0])
-    axes = [a % len(x.shape) for a in _ints(at.get("axes", [0, 2, 3]))]
+    axes = [a % len(x.shape) for a in as_ints(at.get("axes", [0, 2, 3]))]
     d = x - b.mean(x, axes, True)
     return d / (b.sqrt(b.mean(d * d, axes, True)) + 1e-9)
 
@@ -239,10 +239,10 @@ def _b_resize(im, ins, at):
         raise NotImplementedError(f"node {im.label!r}: Resize coordinate_transformation_mode {transform!r}")
     if at.get("antialias", 0) or at.get("exclude_outside", 0):
         raise NotImplementedError(f"node {im.label!r}: Resize with antialias or exclude_outside")
-    axes = [a % rank for a in _ints(at.get("axes", range(rank)))]
+    axes = [a % rank for a in as_ints(at.get("axes", range(rank)))]
     full_scale, full_size = [1.0] * rank, list(x.shape)
     if sizes is not None:
-        sizes = _ints(sizes)
+        sizes = as_ints(sizes)
         policy = at.get("keep_aspect_ratio_policy", "stretch")
         if policy != "stretch":
             ratios = [sizes[i] / x.shape[a] for i, a in enumerate(axes)]
@@ -283,8 +283,8 @@ def _b_resize(im, ins, at):
 BUILD_NN = {
     "Conv": _b_conv,
     "ConvTranspose": _b_conv_transpose,
-    "MaxPool": _b_pool("max"),
-    "AveragePool": _b_pool("avg"),
+    "MaxPool": pool_builder("max"),
+    "AveragePool": pool_builder("avg"),
     "GlobalAveragePool": _b_global_pool("mean"),
     "GlobalMaxPool": _b_global_pool("max"),
     "BatchNormalization": _b_batch_norm,

@@ -4,35 +4,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import (
-    _flatten_shape,
-    _ints,
-    _Known,
-    _reshape_target,
-    _squeeze_shape,
-    _unsqueeze_shape,
-)
-from .fold import _split_sizes
+from .common import flatten_shape, as_ints, Known, reshape_target, squeeze_shape, unsqueeze_shape
+from .fold import split_sizes
 
 
 def _b_reshape(im, ins, at):
     x = im.tensor(ins[0])
-    return im.b.reshape(x, _reshape_target(x.shape, im.known(ins[1], "the shape"), at.get("allowzero", 0)))
+    return im.b.reshape(x, reshape_target(x.shape, im.known(ins[1], "the shape"), at.get("allowzero", 0)))
 
 
 def _b_flatten(im, ins, at):
     x = im.tensor(ins[0])
-    return im.b.reshape(x, _flatten_shape(x.shape, at.get("axis", 1)))
+    return im.b.reshape(x, flatten_shape(x.shape, at.get("axis", 1)))
 
 
 def _b_unsqueeze(im, ins, at):
     x = im.tensor(ins[0])
-    return im.b.reshape(x, _unsqueeze_shape(x.shape, im.axes(ins, at, 0)))
+    return im.b.reshape(x, unsqueeze_shape(x.shape, im.axes(ins, at, 0)))
 
 
 def _b_squeeze(im, ins, at):
     x = im.tensor(ins[0])
-    return im.b.reshape(x, _squeeze_shape(x.shape, im.axes(ins, at, len(x.shape))))
+    return im.b.reshape(x, squeeze_shape(x.shape, im.axes(ins, at, len(x.shape))))
 
 
 def _b_dropout(im, ins, at):
@@ -43,7 +36,7 @@ def _b_dropout(im, ins, at):
             ratio is None or float(np.asarray(ratio).reshape(-1)[0]) != 0.0):
         raise NotImplementedError(f"node {im.label!r}: Dropout in training mode (random)")
     x = im.env[ins[0]]
-    shape = x.shape if not isinstance(x, _Known) else x.value.shape
+    shape = x.shape if not isinstance(x, Known) else x.value.shape
     return [x, np.ones(shape, np.bool_)]
 
 
@@ -53,7 +46,7 @@ def _b_expand(im, ins, at):
     return x if tuple(shape) == x.shape else im.b.op("broadcast_to", x, shape=tuple(shape))
 
 
-def _slice(im, x, axis, start, step, count):
+def slice_along(im, x, axis, start, step, count):
     rank = len(x.shape)
     if count == 0:  # an empty value: only Concat (which drops it) may read it
         return _empty(im, x.shape[:axis] + (0,) + x.shape[axis + 1:])
@@ -66,7 +59,7 @@ def _slice(im, x, axis, start, step, count):
 
 def _empty(im, shape):
     """A tensor with no elements, as a known value: Concat drops it, other ops refuse it."""
-    return _Known(np.zeros(shape, np.float32), f"{im.node.output[0]}.empty")
+    return Known(np.zeros(shape, np.float32), f"{im.node.output[0]}.empty")
 
 
 def _b_gather(im, ins, at):
@@ -75,7 +68,7 @@ def _b_gather(im, ins, at):
     axis = int(at.get("axis", 0)) % rank
     d = x.shape[axis]
     iv = im.env[ins[1]]
-    if isinstance(iv, _Known):
+    if isinstance(iv, Known):
         idx = np.asarray(iv.value).astype(np.int64)
         idx = np.where(idx < 0, idx + d, idx)
         if idx.size and (idx.min() < 0 or idx.max() >= d):
@@ -83,7 +76,7 @@ def _b_gather(im, ins, at):
         flat = idx.reshape(-1)
         step = int(flat[1] - flat[0]) if flat.size > 1 else 1
         if flat.size and step != 0 and np.array_equal(flat, flat[0] + step * np.arange(flat.size)):
-            y = _slice(im, x, axis, int(flat[0]), step, flat.size)  # a strided run: a slice
+            y = slice_along(im, x, axis, int(flat[0]), step, flat.size)  # a strided run: a slice
             return b.reshape(y, x.shape[:axis] + idx.shape + x.shape[axis + 1:])
         ids = b.constant_ids(idx)
     else:
@@ -105,12 +98,12 @@ def _b_slice(im, ins, at):
     x = im.tensor(ins[0])
     rank = len(x.shape)
     if len(ins) > 1:
-        starts, ends = _ints(im.known(ins[1], "starts")), _ints(im.known(ins[2], "ends"))
-        axes = _ints(im.opt(ins, 3, "axes")) if len(ins) > 3 and ins[3] else list(range(len(starts)))
-        steps = _ints(im.opt(ins, 4, "steps")) if len(ins) > 4 and ins[4] else [1] * len(starts)
+        starts, ends = as_ints(im.known(ins[1], "starts")), as_ints(im.known(ins[2], "ends"))
+        axes = as_ints(im.opt(ins, 3, "axes")) if len(ins) > 3 and ins[3] else list(range(len(starts)))
+        steps = as_ints(im.opt(ins, 4, "steps")) if len(ins) > 4 and ins[4] else [1] * len(starts)
     else:
-        starts, ends = _ints(at["starts"]), _ints(at["ends"])
-        axes, steps = _ints(at.get("axes", range(len(starts)))), [1] * len(starts)
+        starts, ends = as_ints(at["starts"]), as_ints(at["ends"])
+        axes, steps = as_ints(at.get("axes", range(len(starts)))), [1] * len(starts)
     st, sp, shape = [0] * rank, [1] * rank, list(x.shape)
     for s, e, a, p in zip(starts, ends, axes, steps):
         a %= rank
@@ -129,18 +122,18 @@ def _b_pad(im, ins, at):
     mode = at.get("mode", "constant")
     if mode != "constant":
         raise NotImplementedError(f"node {im.label!r}: Pad mode {mode!r} (only constant)")
-    pads = _ints(im.known(ins[1], "pads") if len(ins) > 1 else at["pads"])
+    pads = as_ints(im.known(ins[1], "pads") if len(ins) > 1 else at["pads"])
     value = im.opt(ins, 2, "constant_value")
     value = float(np.asarray(value).reshape(-1)[0]) if value is not None and np.asarray(value).size else float(
         at.get("value", 0.0))
-    axes = [a % rank for a in _ints(im.opt(ins, 3, "axes"))] if len(ins) > 3 and ins[3] else list(range(rank))
+    axes = [a % rank for a in as_ints(im.opt(ins, 3, "axes"))] if len(ins) > 3 and ins[3] else list(range(rank))
     lo, hi = [0] * rank, [0] * rank
     for i, a in enumerate(axes):
         lo[a], hi[a] = pads[i], pads[i + len(axes)]
     for a in range(rank):  # negative pads crop
         if lo[a] < 0 or hi[a] < 0:
             start, stop = max(-lo[a], 0), x.shape[a] - max(-hi[a], 0)
-            x = _slice(im, x, a, start, 1, max(stop - start, 0))
+            x = slice_along(im, x, a, start, 1, max(stop - start, 0))
     lo, hi = [max(v, 0) for v in lo], [max(v, 0) for v in hi]
     if not any(lo) and not any(hi):
         return x
@@ -152,7 +145,7 @@ def _b_concat(im, ins, at):
     ts = []
     for n in ins:
         v = im.env[n]
-        if not n or (isinstance(v, _Known) and v.value.size == 0):
+        if not n or (isinstance(v, Known) and v.value.size == 0):
             continue
         ts.append(im.tensor(n))
     if not ts:
@@ -168,24 +161,24 @@ def _b_split(im, ins, at):
     x = im.tensor(ins[0])
     axis = int(at.get("axis", 0)) % len(x.shape)
     split = im.opt(ins, 1, "split")
-    sizes = _split_sizes(im, x.shape[axis], [None, split], at)
+    sizes = split_sizes(im, x.shape[axis], [None, split], at)
     outs, start = [], 0
     for n in sizes:
-        outs.append(_slice(im, x, axis, start, 1, n))
+        outs.append(slice_along(im, x, axis, start, 1, n))
         start += n
     return outs
 
 
 def _b_where(im, ins, at):
     v = im.env[ins[0]]
-    if isinstance(v, _Known):
+    if isinstance(v, Known):
         c = np.asarray(v.value).astype(bool)
         cond = im.b.const(float(c)) if c.ndim == 0 else im.b.constant(c.astype(np.float64))
     else:
         cond = im.mask_of(ins[0])
     x, y = im.env[ins[1]], im.env[ins[2]]
-    ref = cond if isinstance(x, _Known) and isinstance(y, _Known) else None
-    tx = im.operand(ins[1], ref or (y if not isinstance(y, _Known) else x))
+    ref = cond if isinstance(x, Known) and isinstance(y, Known) else None
+    tx = im.operand(ins[1], ref or (y if not isinstance(y, Known) else x))
     ty = im.operand(ins[2], ref or tx)
     out = im.b.op("where", cond, tx, ty)
     if tx.id in im.masks and ty.id in im.masks:
@@ -195,7 +188,7 @@ def _b_where(im, ins, at):
 
 def _b_tile(im, ins, at):
     x = im.tensor(ins[0])
-    reps = _ints(im.known(ins[1], "repeats"))
+    reps = as_ints(im.known(ins[1], "repeats"))
     if all(r == 1 for r in reps):
         return x
     inter = tuple(v for d in x.shape for v in (1, d))

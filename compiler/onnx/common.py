@@ -6,17 +6,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..builder import Tensor
+from ..ir.builder import Tensor
 
-_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
-_FOLDED = "pkg.onnxscript.optimizer.folded_from"
-_FLOAT = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
-_INT = frozenset({2, 3, 4, 5, 6, 7, 9, 12, 13})  # (U)INT8-64, BOOL
-_BOOL = 9
+INPUT_KIND_KEY = "pkg.torch.export.graph_signature.InputSpec.kind"
+FOLDED_FROM_KEY = "pkg.onnxscript.optimizer.folded_from"
+FLOAT_TYPES = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+INT_TYPES = frozenset({2, 3, 4, 5, 6, 7, 9, 12, 13})  # (U)INT8-64, BOOL
+BOOL_TYPE = 9
 
 
 @dataclass
-class _Known:
+class Known:
     """A value known at import time. kind: "const" (foldable), "param", "buffer"."""
     value: np.ndarray
     name: str
@@ -25,7 +25,7 @@ class _Known:
     tensor: Tensor | None = None  # made on first use as a graph tensor
 
 
-def _names(text):
+def parse_names(text):
     try:
         names = ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -33,11 +33,11 @@ def _names(text):
     return [str(n) for n in names] if isinstance(names, (list, tuple, set)) else []
 
 
-def _is_scalar(v):
-    return isinstance(v, _Known) and v.kind == "const" and v.value.size == 1 and v.value.dtype.kind == "f"
+def is_scalar(v):
+    return isinstance(v, Known) and v.kind == "const" and v.value.size == 1 and v.value.dtype.kind == "f"
 
 
-def _attrs(node) -> dict:
+def node_attrs(node) -> dict:
     from onnx import helper, numpy_helper
 
     out = {}
@@ -51,12 +51,12 @@ def _attrs(node) -> dict:
     return out
 
 
-def _np_dtype(onnx_type):
+def np_dtype(onnx_type):
     from onnx import helper
     return helper.tensor_dtype_to_np_dtype(onnx_type)
 
 
-def _reshape_target(in_shape, shape, allowzero=0):
+def reshape_target(in_shape, shape, allowzero=0):
     shape = [int(d) for d in np.asarray(shape).reshape(-1)]
     out = [in_shape[i] if d == 0 and not allowzero else d for i, d in enumerate(shape)]
     if -1 in out:
@@ -65,7 +65,7 @@ def _reshape_target(in_shape, shape, allowzero=0):
     return tuple(out)
 
 
-def _unsqueeze_shape(shape, axes):
+def unsqueeze_shape(shape, axes):
     rank = len(shape) + len(axes)
     out = list(shape)
     for a in sorted(a % rank for a in axes):
@@ -73,7 +73,7 @@ def _unsqueeze_shape(shape, axes):
     return tuple(out)
 
 
-def _squeeze_shape(shape, axes):
+def squeeze_shape(shape, axes):
     if axes is None:
         return tuple(d for d in shape if d != 1)
     axes = {a % len(shape) for a in axes}
@@ -83,10 +83,10 @@ def _squeeze_shape(shape, axes):
     return tuple(d for i, d in enumerate(shape) if i not in axes)
 
 
-def _flatten_shape(shape, axis):
+def flatten_shape(shape, axis):
     axis = axis % len(shape) if axis < 0 else axis
     return (int(np.prod(shape[:axis])), int(np.prod(shape[axis:])))
 
 
-def _ints(v):
+def as_ints(v):
     return [int(a) for a in np.asarray(v).reshape(-1)]

@@ -6,14 +6,7 @@ import math
 
 import numpy as np
 
-from .common import (
-    _flatten_shape,
-    _ints,
-    _np_dtype,
-    _reshape_target,
-    _squeeze_shape,
-    _unsqueeze_shape,
-)
+from .common import flatten_shape, as_ints, np_dtype, reshape_target, squeeze_shape, unsqueeze_shape
 
 
 def _int_div(a, c):
@@ -66,11 +59,11 @@ def _cof(im, xs, at):
     return np.full(tuple(int(d) for d in xs[0]), fill.reshape(-1)[0], fill.dtype)
 
 
-def _split_sizes(im, d, xs, at):
+def split_sizes(im, d, xs, at):
     if len(xs) > 1 and xs[1] is not None:
-        return _ints(xs[1])
+        return as_ints(xs[1])
     if "split" in at:
-        return _ints(at["split"])
+        return as_ints(at["split"])
     n = int(at.get("num_outputs", len(im.node.output)))
     chunk = -(-d // n)
     return [min(chunk, d - i * chunk) for i in range(n)]
@@ -79,7 +72,7 @@ def _split_sizes(im, d, xs, at):
 def _fold_split(im, xs, at):
     x = xs[0]
     axis = int(at.get("axis", 0)) % x.ndim
-    cuts = np.cumsum(_split_sizes(im, x.shape[axis], xs, at))[:-1]
+    cuts = np.cumsum(split_sizes(im, x.shape[axis], xs, at))[:-1]
     return np.split(x, cuts, axis=axis)
 
 
@@ -87,9 +80,9 @@ def _fold_pad(im, xs, at):
     x = xs[0]
     if at.get("mode", "constant") != "constant":
         raise NotImplementedError(f"Pad mode {at.get('mode')!r}")
-    pads = _ints(xs[1] if len(xs) > 1 else at["pads"])
+    pads = as_ints(xs[1] if len(xs) > 1 else at["pads"])
     value = xs[2].reshape(-1)[0] if len(xs) > 2 and xs[2] is not None and xs[2].size else at.get("value", 0)
-    axes = _ints(xs[3]) if len(xs) > 3 and xs[3] is not None else list(range(x.ndim))
+    axes = as_ints(xs[3]) if len(xs) > 3 and xs[3] is not None else list(range(x.ndim))
     width = [(0, 0)] * x.ndim
     for i, a in enumerate(axes):
         width[a % x.ndim] = (pads[i], pads[i + len(axes)])
@@ -103,22 +96,22 @@ FOLD = {
     "Constant": lambda im, xs, at: _constant(at),
     "Identity": lambda im, xs, at: xs[0],
     "Dropout": lambda im, xs, at: xs[0],
-    "Cast": lambda im, xs, at: xs[0].astype(_np_dtype(at["to"])),
+    "Cast": lambda im, xs, at: xs[0].astype(np_dtype(at["to"])),
     "CastLike": lambda im, xs, at: xs[0].astype(xs[1].dtype),
-    "Reshape": lambda im, xs, at: xs[0].reshape(_reshape_target(xs[0].shape, xs[1], at.get("allowzero", 0))),
-    "Flatten": lambda im, xs, at: xs[0].reshape(_flatten_shape(xs[0].shape, at.get("axis", 1))),
+    "Reshape": lambda im, xs, at: xs[0].reshape(reshape_target(xs[0].shape, xs[1], at.get("allowzero", 0))),
+    "Flatten": lambda im, xs, at: xs[0].reshape(flatten_shape(xs[0].shape, at.get("axis", 1))),
     "Transpose": lambda im, xs, at: np.transpose(xs[0], at.get("perm")),
-    "Unsqueeze": lambda im, xs, at: xs[0].reshape(_unsqueeze_shape(xs[0].shape, _fold_axes(xs, at))),
-    "Squeeze": lambda im, xs, at: xs[0].reshape(_squeeze_shape(xs[0].shape, _fold_axes(xs, at))),
+    "Unsqueeze": lambda im, xs, at: xs[0].reshape(unsqueeze_shape(xs[0].shape, _fold_axes(xs, at))),
+    "Squeeze": lambda im, xs, at: xs[0].reshape(squeeze_shape(xs[0].shape, _fold_axes(xs, at))),
     "Gather": lambda im, xs, at: np.take(xs[0], xs[1].astype(np.int64), axis=at.get("axis", 0)),
     "Concat": lambda im, xs, at: np.concatenate([x for x in xs if x is not None], axis=at["axis"]),
     "Split": _fold_split,
     "Slice": _fold_slice,
     "Pad": _fold_pad,
-    "Tile": lambda im, xs, at: np.tile(xs[0], _ints(xs[1])),
+    "Tile": lambda im, xs, at: np.tile(xs[0], as_ints(xs[1])),
     "ConstantOfShape": _cof,
     "EyeLike": lambda im, xs, at: np.eye(*xs[0].shape, k=int(at.get("k", 0)),
-                                         dtype=_np_dtype(at["dtype"]) if "dtype" in at else xs[0].dtype),
+                                         dtype=np_dtype(at["dtype"]) if "dtype" in at else xs[0].dtype),
     "Range": lambda im, xs, at: np.arange(xs[0], xs[1], xs[2]).astype(xs[0].dtype),
     "Expand": lambda im, xs, at: np.broadcast_to(
         xs[0], np.broadcast_shapes(xs[0].shape, tuple(int(d) for d in xs[1]))).copy(),

@@ -4,7 +4,7 @@ and most of the ONNX node conformance suite that maps exactly onto meganeura's o
     model = load_onnx("mlp.onnx", batch_size=64)
 
 Every ONNX value is either a graph Tensor (made with the Builder) or a known numpy
-array (`_Known`). Shape arithmetic (Shape, Gather, Concat, Unsqueeze, ...) whose inputs
+array (`Known`). Shape arithmetic (Shape, Gather, Concat, Unsqueeze, ...) whose inputs
 are all known is folded here with numpy, so the Graph only holds tensor math.
 
 Weights: float initializers become `Builder.param` named as the initializer, so that
@@ -31,8 +31,8 @@ import os
 
 import numpy as np
 
-from ..builder import Builder, Model, Tensor
-from .common import _FLOAT, _FOLDED, _INT, _KIND, _attrs, _is_scalar, _Known, _names
+from ..ir.builder import Builder, Model, Tensor
+from .common import FLOAT_TYPES, FOLDED_FROM_KEY, INT_TYPES, INPUT_KIND_KEY, node_attrs, is_scalar, Known, parse_names
 
 
 def load_onnx(source, batch_size: int | None = None) -> Model:
@@ -68,22 +68,22 @@ class _Importer:
         g = proto.graph
         self.inits = {i.name for i in g.initializer}
         meta = {vi.name: {p.key: p.value for p in vi.metadata_props} for vi in list(g.value_info) + list(g.input)}
-        kinds = {name: m[_KIND] for name, m in meta.items() if _KIND in m}
+        kinds = {name: m[INPUT_KIND_KEY] for name, m in meta.items() if INPUT_KIND_KEY in m}
         linear = _folded_linear_weights(g, meta) if kinds else {}
         for init in g.initializer:
             value = numpy_helper.to_array(init)
             if init.name in linear:  # W.T folded out of aten.linear: import W under its own name
-                self.env[init.name] = _Known(value.T, linear[init.name], "param", transposed=True)
+                self.env[init.name] = Known(value.T, linear[init.name], "param", transposed=True)
                 continue
-            if init.data_type not in _FLOAT:
+            if init.data_type not in FLOAT_TYPES:
                 kind = "const"
             elif not kinds:  # no torch.export signature (the TorchScript exporter): all weights
                 kind = "param"
             else:  # an initializer folded out of weights stays a weight
-                sources = [kinds.get(n) for n in _names(meta.get(init.name, {}).get(_FOLDED, "[]"))]
+                sources = [kinds.get(n) for n in parse_names(meta.get(init.name, {}).get(FOLDED_FROM_KEY, "[]"))]
                 origin = [kinds.get(init.name)] + sources
                 kind = "param" if "PARAMETER" in origin else "buffer" if "BUFFER" in origin else "const"
-            self.env[init.name] = _Known(value, init.name, kind)
+            self.env[init.name] = Known(value, init.name, kind)
 
     # ------------------------------------------------------------------ driver
     def run(self) -> Model:
@@ -101,9 +101,9 @@ class _Importer:
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
             raise NotImplementedError(f"graph input {vi.name!r} is not a tensor with a shape")
-        if tt.elem_type in _FLOAT:
+        if tt.elem_type in FLOAT_TYPES:
             dtype = "f32"
-        elif tt.elem_type in _INT:
+        elif tt.elem_type in INT_TYPES:
             dtype = "i32"
         else:
             raise NotImplementedError(f"graph input {vi.name!r} has ONNX element type {tt.elem_type}")
@@ -137,11 +137,11 @@ class _Importer:
         for name in node.input:
             if name not in self.env:
                 raise ValueError(f"node {label!r} ({op}) reads {name!r}, which nothing produced before it")
-        at = _attrs(node)
+        at = node_attrs(node)
         ins = [self.env[n] for n in node.input]
-        foldable = all(v is None or (isinstance(v, _Known) and v.kind == "const") for v in ins)
+        foldable = all(v is None or (isinstance(v, Known) and v.kind == "const") for v in ins)
         if op in ("Shape", "Size", "EyeLike"):  # only the input's shape matters
-            s = self.known(node.input[0]).shape if isinstance(ins[0], _Known) else ins[0].shape
+            s = self.known(node.input[0]).shape if isinstance(ins[0], Known) else ins[0].shape
             if op == "EyeLike":
                 outs = FOLD[op](self, [np.zeros(s, np.float32 if ins[0].dtype == "f32" else np.int64)
                                        if isinstance(ins[0], Tensor) else ins[0].value], at)
@@ -178,7 +178,7 @@ class _Importer:
             if i >= len(outs) or outs[i] is None:
                 raise NotImplementedError(f"node {label!r} ({op}): output {i} ({name!r}) is not supported")
             v = outs[i]
-            self.env[name] = v if isinstance(v, (Tensor, _Known)) else _Known(np.asarray(v), name)
+            self.env[name] = v if isinstance(v, (Tensor, Known)) else Known(np.asarray(v), name)
 
     # ------------------------------------------------------------------ values
     def tensor(self, name) -> Tensor:
@@ -209,7 +209,7 @@ class _Importer:
     def known(self, name, what="this input"):
         """The numpy value of an input that must be known at import time."""
         v = self.env.get(name)
-        if not isinstance(v, _Known):
+        if not isinstance(v, Known):
             raise NotImplementedError(f"node {self.label!r}: {what} ({name!r}) must be a constant")
         return v.value.T if v.transposed else v.value
 
@@ -220,13 +220,13 @@ class _Importer:
     def operand(self, name, other: Tensor | None) -> Tensor:
         """A binary op's operand: a one-element constant becomes a scalar const."""
         v = self.env[name]
-        if _is_scalar(v) and other is not None and v.value.ndim <= len(other.shape):
+        if is_scalar(v) and other is not None and v.value.ndim <= len(other.shape):
             return self.b.const(float(v.value.reshape(())))
         return self.tensor(name)
 
     def pair(self, a, c):
         """Both operands of a binary op; a one-element constant side becomes a scalar."""
-        if _is_scalar(self.env[a]) and not _is_scalar(self.env[c]):
+        if is_scalar(self.env[a]) and not is_scalar(self.env[c]):
             tc = self.tensor(c)
             return self.operand(a, tc), tc
         ta = self.tensor(a)
@@ -268,7 +268,7 @@ def _folded_linear_weights(g, meta) -> dict:
         if node.op_type != "MatMul" or len(node.input) != 2:
             continue
         fx = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.fx_node"), "")
-        src = _names(meta.get(node.input[1], {}).get(_FOLDED, "[]"))
+        src = parse_names(meta.get(node.input[1], {}).get(FOLDED_FROM_KEY, "[]"))
         if ("aten.linear" in fx and len(src) == 1 and src[0] not in meta
                 and f"%p_{src[0].replace('.', '_')}" in fx):
             out[node.input[1]] = src[0]

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from meganeura.compiler import TrainConfig
-from meganeura.compiler.builder import Builder, Tensor
+from meganeura.compiler.ir.builder import Builder, Tensor
 from meganeura.compiler.compile import compile_programs
 from meganeura.compiler.models.dinov2 import Dinov2Config, dinov2
-from meganeura.compiler.training import attach_optimizer
+from meganeura.compiler.ir.training import attach_optimizer
 
 MEAN = (0.485, 0.456, 0.406)  # ImageNet normalisation, as DINOv2 expects
 STD = (0.229, 0.224, 0.225)

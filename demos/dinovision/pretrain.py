@@ -21,7 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from meganeura.compiler import TrainConfig, compile_model
-from meganeura.compiler.builder import Builder
+from meganeura.compiler.ir.builder import Builder
 from meganeura.compiler.models.dinov2 import dinov2
 from meganeura.runtime import Package, Session
 from meganeura.runtime.device import default_device

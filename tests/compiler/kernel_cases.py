@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 from meganeura.compiler import Builder
-from meganeura.compiler.autodiff import gradients
+from meganeura.compiler.ir.autodiff import gradients
 
 
 def conv_with_gradients(xs, ws, stride, seed, w_scale=1.0):

@@ -1,5 +1,5 @@
-"""Op conformance cases, part 2: neural-network layers (compiler/ops_nn.py,
-compiler/ops_layers.py) and forward-only ops, added to op_cases.CASES / FWD_CASES."""
+"""Op conformance cases, part 2: neural-network layers (compiler/ir/ops_nn.py,
+compiler/ir/ops_layers.py) and forward-only ops, added to op_cases.CASES / FWD_CASES."""
 from __future__ import annotations
 
 import math
@@ -22,7 +22,7 @@ from op_cases import (
 )
 
 
-# --- neural-network layers (compiler/ops_nn.py, compiler/ops_layers.py)
+# --- neural-network layers (compiler/ir/ops_nn.py, compiler/ir/ops_layers.py)
 def _conv_t(x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1):
     top, left, bottom, right = padding
     return F.conv2d(F.pad(x, (left, right, top, bottom)), w, stride=stride, dilation=dilation, groups=groups)
@@ -54,7 +54,7 @@ for _xs, _ws, _at in _CONV:
 _CONVT = [
     ((2, 4, 5, 6), (4, 3, 3, 3), {"stride": (2, 2), "padding": (1, 1, 1, 1), "output_padding": (1, 0)}),
     ((1, 6, 4, 5), (6, 2, 3, 2), {"stride": (1, 2), "padding": (0, 1, 2, 0), "groups": 3, "dilation": (2, 1)}),
-    ((2, 7, 5, 6), (7, 66, 1, 1), {}),  # pointwise: a matmul (prepare.POINTWISE_CONV_AS_MATMUL)
+    ((2, 7, 5, 6), (7, 66, 1, 1), {}),  # pointwise: a matmul (CompileOptions.pointwise_conv_as_matmul)
     # strided: one GEMM per output phase (codegen_nn._transposed_by_phase); phases without taps are zeros
     ((2, 3, 4, 5), (3, 70, 1, 1), {"stride": (2, 2)}),
     ((1, 4, 3, 4), (4, 3, 2, 2), {"stride": (3, 3), "padding": (0, 1, 1, 0)}),

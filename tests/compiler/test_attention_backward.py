@@ -1,4 +1,4 @@
-"""Attention's fused backward (kernels/attention_dq.wgsl, attention_dkv.wgsl): dQ, dK and dV
+"""Attention's fused backward (compiler/codegen/templates/attention_dq.wgsl, attention_dkv.wgsl): dQ, dK and dV
 on the GPU against torch CPU autograd in float64, full tensors, for causal and full attention,
 grouped-query heads, odd token counts, head dims from 4 to 160 and batches above one; with
 head transposes read and written in place; and the training graph of a transformer, which
@@ -8,11 +8,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from meganeura.compiler import Builder, compile_graph, compile_model, ops_layers
-from meganeura.compiler.autodiff import gradients
-from meganeura.compiler.codegen import generate
-from meganeura.compiler.prepare import prepare
-from meganeura.compiler.schedule import schedule
+from meganeura.compiler import Builder, compile_graph, compile_model
+from meganeura.compiler.ir import ops_layers
+from meganeura.compiler.ir.autodiff import gradients
+from meganeura.compiler.codegen.kernels import generate
+from meganeura.compiler.passes.prepare import prepare
+from meganeura.compiler.passes.schedule import schedule
 from meganeura.runtime import Package, Session
 
 TOL = 1e-4
@@ -83,7 +84,7 @@ def _run(device, qs, ks, at, wrt="qkv", seed=0):
 def _split_loops(monkeypatch, split):
     """Cut the backward kernels' loops into chunks of one block each (partial sums, then a sum
     pass), as codegen_attention does for long sequences over few workgroups; or not at all."""
-    from meganeura.compiler import codegen_attention
+    from meganeura.compiler.codegen import attention as codegen_attention
 
     monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "fill", 0)  # whole loops
     if split:
@@ -98,7 +99,7 @@ def _split_loops(monkeypatch, split):
 def test_fused_backward_matches_torch(name, vec4, split, device, monkeypatch):
     """Both ways the kernels read q, k, v, o and dO (codegen_attention.ATTENTION_BWD_PLAN), with
     their loops whole or cut into chunks."""
-    from meganeura.compiler import codegen_attention
+    from meganeura.compiler.codegen import attention as codegen_attention
 
     monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "vec4_loads", vec4)
     _split_loops(monkeypatch, split)
@@ -119,7 +120,7 @@ def test_fused_backward_with_tiles_indexed_by_row_then_column(name, split, devic
     """ATTENTION_BWD_PLAN["tiles_2d"] (the default): every workgroup tile of both backward
     kernels declared [row][column], in a Session with its default checks; the same answers,
     and the same workgroup bytes as the flat tiles (which run here too)."""
-    from meganeura.compiler import codegen_attention
+    from meganeura.compiler.codegen import attention as codegen_attention
     from meganeura.runtime.package import workgroup_bytes
 
     _split_loops(monkeypatch, split)
@@ -175,7 +176,7 @@ def test_head_transposes_are_read_and_written_in_place(causal, vec4, split, devi
     """q, k, v built as [b, t, h, d] and transposed (as every transformer builds them), the output
     transposed back: the backward reads dO and writes dQ, dK, dV through those transposes, the
     forward writes its output through one; no transpose kernel is left. Weight gradients vs torch."""
-    from meganeura.compiler import codegen_attention
+    from meganeura.compiler.codegen import attention as codegen_attention
 
     monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "vec4_loads", vec4)
     _split_loops(monkeypatch, split)
@@ -217,7 +218,7 @@ def _train_program(layers, monkeypatch=None):
     """A DINOv2-small-like training step (257 tokens, 6 heads of 64): its dispatch labels, and how
     many of its kernels write a [257 x 257] tensor."""
     from meganeura.compiler.models.dinov2 import Dinov2Config, dinov2
-    from meganeura.compiler.training import TrainConfig, build_training_graph
+    from meganeura.compiler.ir.training import TrainConfig, build_training_graph
 
     cfg = Dinov2Config(hidden_size=384, num_hidden_layers=layers, num_attention_heads=6, image_size=518, patch_size=14)
     g = prepare(build_training_graph(dinov2(cfg, batch=1, height=224, width=224).graph,
@@ -252,7 +253,7 @@ def test_compiled_training_package_runs_a_step(device):
     """compile_model's train_step with the fused backward: one AdamW step on a tiny DINOv2 lowers
     the loss (the whole program, weights updated in place, on the GPU)."""
     from meganeura.compiler.models.dinov2 import Dinov2Config, dinov2
-    from meganeura.compiler.training import TrainConfig
+    from meganeura.compiler.ir.training import TrainConfig
 
     cfg = Dinov2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, image_size=28, patch_size=14)
     pkg = Package.from_bytes(compile_model(dinov2(cfg, batch=2, height=28, width=42),
@@ -319,7 +320,7 @@ def test_loops_written_out_or_kept(name, unroll, device, monkeypatch):
     tile is small: d = 64's 16 x 16 threads, not d = 40's 8 x 8), the dQ steps (jj) and the
     dK, dV steps (ii) each written out a block per step, or kept as loops (also with flat tiles):
     the same answers either way."""
-    from meganeura.compiler import codegen_attention
+    from meganeura.compiler.codegen import attention as codegen_attention
 
     if unroll == "flat":
         monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "tiles_2d", False)

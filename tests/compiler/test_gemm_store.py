@@ -1,4 +1,4 @@
-"""store4 (compiler/gemm_store.py): 4 neighbouring GEMM results stored at once, what they
+"""store4 (compiler/codegen/gemm_store.py): 4 neighbouring GEMM results stored at once, what they
 share computed once; and the K loop's steps per trip (GEMM_PLAN k_unroll). Checked as text
 and against the float64 interpreter in Sessions with wgpu's default checks."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from meganeura.compiler import Builder, compile_model, run_graph
-from meganeura.compiler.gemm_store import store4_body
+from meganeura.compiler.codegen.gemm_store import store4_body
 from meganeura.runtime import Package, Session
 
 EPILOGUE = """    let idx = g * 960u + m * 24u + n;
@@ -117,7 +117,7 @@ STEPS_CASES = {"128-even": ((2050, 64, 2048), {2, 4}), "128-odd-steps": ((2050, 
 def test_k_steps_per_loop_trip(case, steps, device, monkeypatch):
     """GEMM_PLAN k_unroll / k_unroll_small: the K loop does `steps` K steps per trip where every
     split-K slice's steps divide by it (else one), with the same results."""
-    from meganeura.compiler import codegen_gemm
+    from meganeura.compiler.codegen import gemm as codegen_gemm
 
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "k_unroll", steps)
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "k_unroll_small", steps)

@@ -138,7 +138,7 @@ def test_training_with_frozen_half_weights(device_class, device):
     x, target = rng.standard_normal(X_SHAPE), rng.standard_normal((2, 4))
     loss = s.run("train_step", {"x": x.astype(np.float32), "labels": target.astype(np.float32)})["loss"]
 
-    from meganeura.compiler.training import ROW_MASK, build_training_graph
+    from meganeura.compiler.ir.training import ROW_MASK, build_training_graph
 
     tg = build_training_graph(_model(w, frozen=frozen).build().graph, cfg)
     outs, assigned = run_graph(tg, {"x": x, "labels": target, ROW_MASK: np.ones(2)}, values=_rounded(w, set(frozen)))
@@ -229,7 +229,7 @@ def test_validator_allows_f16_for_parameters_only():
 def test_convolution_reads_half_weights_16_bytes_at_a_time(device, monkeypatch):
     """With GEMM_PLAN["conv_vec4_weights"] a convolution reads 4 f16 weights (8 bytes) at once."""
     import torch
-    from meganeura.compiler import codegen_gemm
+    from meganeura.compiler.codegen import gemm as codegen_gemm
 
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "conv_vec4_weights", True)
     rng = np.random.default_rng(8)

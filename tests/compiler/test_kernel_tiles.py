@@ -21,7 +21,7 @@ def test_tiles_indexed_by_k_then_group(case, two_d, device, monkeypatch):
     [buffer][k][group]) or k * groups + group: matmuls on every tile size and kernel variant
     (two tile buffers, 8x8 outputs on 64-tiles), ragged edges, split-K, and a convolution with
     both gradients, against numpy / torch, in a Session with its default checks."""
-    from meganeura.compiler import codegen_gemm
+    from meganeura.compiler.codegen import gemm as codegen_gemm
 
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "tiles_2d", two_d)
     monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "split_groups", False)  # [group] rows (split: test_kernel_variants)
@@ -63,7 +63,7 @@ def test_attention_tiles_indexed_by_key_then_vec4(case, two_d, device, monkeypat
     split across workgroups, 160-wide heads (25 keys a tile), against torch, in a Session with
     its default checks; the same workgroup bytes."""
     import torch
-    from meganeura.compiler import codegen_attention
+    from meganeura.compiler.codegen import attention as codegen_attention
     from meganeura.runtime.package import workgroup_bytes
 
     monkeypatch.setitem(codegen_attention.ATTENTION_PLAN, "tiles_2d", two_d)

@@ -7,7 +7,7 @@ from kernel_cases import assert_close as _assert_close
 from kernel_cases import conv_with_gradients as _conv_with_gradients
 from kernel_cases import matmul_case as _matmul_case
 from kernel_cases import session as _session
-from meganeura.compiler import Builder, compile_model
+from meganeura.compiler import Builder, CompileOptions, compile_model
 from meganeura.runtime import Package, Session
 
 CASES = {  # (a shape, b shape, trans_a, trans_b): edges, batches, split-K, the dot-product path
@@ -28,13 +28,17 @@ CASES = {  # (a shape, b shape, trans_a, trans_b): edges, batches, split-K, the 
 
 
 def test_gemm_plans_by_shape():
-    from meganeura.compiler.codegen_gemm import gemm_plan
+    from meganeura.compiler.codegen.gemm import gemm_plan
 
-    assert gemm_plan(4096, 4096, 4096, 1) == (128, 8, 1)
-    assert gemm_plan(1040, 1040, 40, 1) == (64, 16, 1)
-    assert gemm_plan(720, 720, 40, 1) == (32, 16, 1)
-    assert gemm_plan(257, 384, 384, 1) == (32, 16, 3)  # 64-tiles: 30 workgroups on 132 SMs
-    assert gemm_plan(33, 70, 1100, 1) == (64, 16, 17)  # a long K: split instead
+    plan = CompileOptions().gemm
+    assert gemm_plan(plan, 4096, 4096, 4096, 1) == (128, 8, 1)
+    assert gemm_plan(plan, 1040, 1040, 40, 1) == (64, 16, 1)
+    assert gemm_plan(plan, 720, 720, 40, 1) == (32, 16, 1)
+    assert gemm_plan(plan, 257, 384, 384, 1) == (32, 16, 3)  # 64-tiles: 30 workgroups on 132 SMs
+    assert gemm_plan(plan, 33, 70, 1100, 1) == (64, 16, 17)  # a long K: split instead
+    assert gemm_plan(plan, 4096, 4096, 4096, 1, conv=True) == (128, 8, 1)
+    # the plan is the options': another fill moves the line between 64- and 32-tiles
+    assert gemm_plan(CompileOptions().replace(gemm={"fill": 128}).gemm, 720, 720, 40, 1) == (64, 16, 1)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -65,76 +69,17 @@ def test_conv_gradients_on_both_variants(device_class, device):
         "infer", vals), refs)
 
 
-@pytest.mark.parametrize("case", ["whole", "split_k", "transposed_vec4", "conv_grads"])
-def test_64_tiles_with_8x8_outputs_per_thread(case, device, monkeypatch):
-    """GEMM_PLAN["regs64"]: 64-tiles on igemm128.wgsl's 8x8-per-thread kernel (8 x 8 threads),
-    matmuls (plain, split-K, transposed with 16-byte loads) and a convolution with both
-    gradients, against numpy / torch (the GPU kernels, run here on the CPU rasteriser)."""
-    from meganeura.compiler import codegen_gemm
-
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "regs64", True)
-    if case == "conv_grads":
-        model, vals, refs = _conv_with_gradients((2, 16, 10, 10), (70, 16, 3, 3), 1, seed=5, w_scale=0.2)
-    else:
-        sa, sb, ta = {"whole": ((1040, 40), (40, 1040), False), "split_k": ((100, 700), (700, 90), False),
-                      "transposed_vec4": ((700, 100), (700, 92), True)}[case]
-        model, vals, refs = _matmul_case(sa, sb, ta, seed=5)
-    pkg = Package.from_bytes(compile_model(model))
-    regs = [k for k in pkg.manifest["kernels"] if "register-blocked" in k["wgsl"] and "@workgroup_size(8, 8)" in k["wgsl"]]
-    assert regs, [k["label"] for k in pkg.manifest["kernels"]]
-    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
-
-
-@pytest.mark.parametrize("tiles", ["128", "64"])
-@pytest.mark.parametrize("case", ["edges", "transposed_vec4", "conv"])
-def test_warps_of_8_by_4_threads(case, tiles, device, monkeypatch):
-    """GEMM_PLAN warp_rows / warp_rows_small = 4: a warp covers 8 x 4 threads of the
-    workgroup's 16 x 16 (see codegen_gemm.thread_xy). Every thread must still own distinct
-    outputs: matmuls with ragged edges (64-tiles: and split-K), 16-byte loads, and a
-    convolution (64-tiles: with both gradients), on 128- or 64-tiles, against numpy / torch."""
-    import torch
-    from meganeura.compiler import codegen_gemm
-
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "warp_rows" if tiles == "128" else "warp_rows_small", 4)
-    if tiles == "64":  # 64-tiles only
-        monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "big_min_side", 1 << 30)
-    if case == "conv" and tiles == "64":
-        model, vals, refs = _conv_with_gradients((2, 16, 17, 17), (130, 16, 3, 3), 1, seed=7, w_scale=0.2)
-    elif case == "conv":  # 130 output channels: a ragged last row of 128-tiles
-        rng = np.random.default_rng(7)
-        b = Builder()
-        b.output("y", b.conv2d(b.input("x", (2, 4, 128, 128)), b.input("w", (130, 4, 3, 3)), padding=(1, 1, 1, 1)))
-        model = b.build()
-        vals = {"x": rng.standard_normal((2, 4, 128, 128)), "w": rng.standard_normal((130, 4, 3, 3))}
-        refs = {"y": torch.nn.functional.conv2d(*(torch.tensor(vals[n]) for n in "xw"), padding=1).numpy()}
-    else:
-        sa, sb, ta = {("edges", "128"): ((2050, 40), (40, 2049), False), ("edges", "64"): ((300, 700), (700, 130), False),
-                      ("transposed_vec4", "128"): ((20, 2048), (20, 2052), True),
-                      ("transposed_vec4", "64"): ((20, 1040), (20, 1032), True)}[case, tiles]
-        model, vals, refs = _matmul_case(sa, sb, ta, seed=7)
-    pkg = Package.from_bytes(compile_model(model))
-    mapped = [k for k in pkg.manifest["kernels"] if "let tx = (tid / 32u) % 2u * 8u + tid % 8u;" in k["wgsl"]]
-    assert mapped and all(("acc0l" in k["wgsl"]) == (tiles == "128") for k in mapped), \
-        [k["label"] for k in pkg.manifest["kernels"]]
-    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
-
-
 @pytest.mark.parametrize("tiles", ["128", "64", "32"])
-@pytest.mark.parametrize("rows_fastest", [False, True])
-def test_k_contiguous_staging_orders(tiles, rows_fastest, device, monkeypatch):
-    """GEMM_PLAN["k_rows_fastest"]: operands read 4 k at a time are staged 32 rows' same 4 k per
-    warp, or (off) 8 rows' 16 k: x @ w^T (both operands K-contiguous) with ragged edges on
-    128-, 64- and 32-tiles, against numpy."""
-    from meganeura.compiler import codegen_gemm
-
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "k_rows_fastest", rows_fastest)
+def test_k_contiguous_staging_order(tiles, device):
+    """Operands read 4 k at a time are staged 16 k of 8 rows per warp (64 contiguous bytes a
+    row): x @ w^T (both operands K-contiguous) with ragged edges on 128-, 64- and 32-tiles,
+    against numpy."""
     sa, sb = {"128": ((2050, 36), (2049, 36)), "64": ((1040, 36), (1030, 36)), "32": ((100, 36), (70, 36))}[tiles]
     model, vals, refs = _matmul_case(sa, sb, tb=True, seed=9)
     pkg = Package.from_bytes(compile_model(model))
     main = [k["wgsl"] for k in pkg.manifest["kernels"] if "fn load_a4(" in k["wgsl"] and "fn load_b4(" in k["wgsl"]]
     assert main and ("acc0l" in main[0]) == (tiles == "128")
-    marker = "let aq0 = (tid + 0u) / 128u;" if tiles == "128" else "let qa = e / (4u * TG);"
-    assert (marker in main[0]) == rows_fastest
+    assert ("let aq0 = (tid + 0u) % 2u;" if tiles == "128" else "let qa = e % 4u;") in main[0]
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
@@ -154,18 +99,15 @@ def _guards(wgsl, fn):
     return m.group(1) if m else ""
 
 
-@pytest.mark.parametrize("plan", ["default", "double_buffer", "regs64", "big_bk_16"])
-def test_edge_guards_match_the_tiles(plan, monkeypatch):
+@pytest.mark.parametrize("plan", ["default", "big_bk_16"])
+def test_edge_guards_match_the_tiles(plan):
     """Compile only: in every GPU GEMM kernel of many shapes (ragged in M only, N only, K only,
     whole; batched, transposed, split-K; convolutions with both gradients), each of load_a,
     load_b, load_a4 / load_b4 and store checks exactly the dimensions its tile (or K step) does
-    not divide, read back from the kernel's own constants."""
+    not divide, read back from the kernel's own constants; also with 128-tiles' K step of 16."""
     import re
 
-    from meganeura.compiler import codegen_gemm
-
-    if plan != "default":
-        monkeypatch.setitem(codegen_gemm.GEMM_PLAN, *(("big_bk", 16) if plan == "big_bk_16" else (plan, True)))
+    options = CompileOptions().replace(gemm={"big_bk": 16} if plan == "big_bk_16" else {})
     models = [_matmul_case(sa, sb, ta, tb)[0] for sa, sb, ta, tb in [
         ((2050, 16), (16, 2048), False, False), ((2048, 16), (16, 2050), False, False),
         ((2048, 24), (24, 2048), False, False), ((2048, 20), (20, 2048), False, False),
@@ -177,7 +119,7 @@ def test_edge_guards_match_the_tiles(plan, monkeypatch):
         ((2, 16, 8, 8), (64, 16, 3, 3)), ((2, 3, 30, 30), (8, 3, 3, 3)), ((2, 4, 128, 128), (128, 4, 3, 3))]]
     seen = set()
     for model in models:
-        for k in Package.from_bytes(compile_model(model)).manifest["kernels"]:
+        for k in Package.from_bytes(compile_model(model, options=options)).manifest["kernels"]:
             w = k["wgsl"]
             if "fn load_a(" not in w or k["label"].endswith(("(cpu)", "(quick)")):  # (all guarded)
                 continue
@@ -223,38 +165,20 @@ def test_whole_tiles_go_unguarded(case, device):
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
-@pytest.mark.parametrize("straight", [True, False])
 @pytest.mark.parametrize("case", ["split_k_32_tiles", "conv_grads"])
-def test_staging_with_and_without_a_loop(case, straight, device, monkeypatch):
-    """GEMM_PLAN["straight_staging"] (the default): 64- and 32-tiles stage a thread's tile
-    entries without a loop (32-tiles: two entries per thread); off, in a loop. A matmul with
-    split-K and a convolution with both gradients, on the GPU kernels against numpy / torch."""
-    from meganeura.compiler import codegen_gemm
-
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "straight_staging", straight)
+def test_small_tiles_stage_without_a_loop(case, device):
+    """64- and 32-tiles stage a thread's tile entries without a loop, each entry a block with
+    e a constant offset from tid (32-tiles: two entries per thread). A matmul with split-K and
+    a convolution with both gradients, on the GPU kernels against numpy / torch."""
     if case == "conv_grads":
         model, vals, refs = _conv_with_gradients((2, 16, 10, 10), (70, 16, 3, 3), 1, seed=6, w_scale=0.2)
     else:
         model, vals, refs = _matmul_case((33, 300), (300, 70), seed=6)
     pkg = Package.from_bytes(compile_model(model))
-    assert any("let e = tid + 0u;" in k["wgsl"] for k in pkg.manifest["kernels"]) == straight
-    assert any("for (var e = tid;" in k["wgsl"] for k in pkg.manifest["kernels"]) == (not straight)
-    if case != "conv_grads" and straight:
+    assert any("let e = tid + 0u;" in k["wgsl"] for k in pkg.manifest["kernels"])
+    assert not any("for (var e = tid;" in k["wgsl"] for k in pkg.manifest["kernels"])
+    if case != "conv_grads":
         assert any("let e = tid + 64u;" in k["wgsl"] for k in pkg.manifest["kernels"])  # 32-tiles: 2 entries
-    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
-
-
-@pytest.mark.parametrize("shape", [((2, 16, 10, 10), (70, 16, 3, 3)), ((4, 16, 64, 64), (256, 16, 3, 3))])
-def test_conv_weights_read_16_bytes_at_a_time(shape, device, monkeypatch):
-    """GEMM_PLAN["conv_vec4_weights"]: the forward convolution reads 4 k of a weight row at once
-    (64- and 128-tiles), with both gradients, on the GPU kernels against torch."""
-    from meganeura.compiler import codegen_gemm
-
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "conv_vec4_weights", True)
-    model, vals, refs = _conv_with_gradients(*shape, 1, seed=7, w_scale=0.2)
-    pkg = Package.from_bytes(compile_model(model))
-    convs = [k["wgsl"] for k in pkg.manifest["kernels"] if k["label"] == "conv2d" and "fn load_a4" in k["wgsl"]]
-    assert convs and ("register-blocked" in convs[0]) == (shape[1][0] == 256)  # 64-tiles, then 128-tiles
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
@@ -266,56 +190,13 @@ def _tiles_of_128_case(case: str, seed: int):
     return _matmul_case(*CASES.get(case, ((2050, 32), (32, 2049), False, False)), seed=seed)
 
 
-@pytest.mark.parametrize("steps", [1, 2])
-@pytest.mark.parametrize("case", ["tiles_of_128_k_contiguous", "tiles_of_128_vec4_rows", "tiles_of_128_transposed",
-                                  "tiles_of_128_k_32", "conv_grads"])
-def test_128_tiles_on_two_buffers(case, steps, device, monkeypatch):
-    """GEMM_PLAN["double_buffer"]: 128-tiles stage the next K step into a second tile buffer
-    while multiplying the first (one barrier per step), matmuls with every load layout and a
-    convolution (on two buffers forward; its gradients take other tiles at this size) with both
-    gradients, on the GPU kernels against numpy / torch; the buffer a variable, or with 2 K
-    steps per loop trip where they pair up, a constant in each step."""
-    from meganeura.compiler import codegen_gemm
-
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "double_buffer", True)
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "k_unroll", steps)
-    model, vals, refs = _tiles_of_128_case(case, seed=8)
-    pkg = Package.from_bytes(compile_model(model))
-    doubled = {k["label"] for k in pkg.manifest["kernels"] if "Two tile buffers" in k["wgsl"]}
-    assert doubled == ({"conv2d"} if case == "conv_grads" else {"matmul"}), doubled
-    for k in pkg.manifest["kernels"]:
-        if "Two tile buffers" in k["wgsl"]:
-            paired = "2 K steps per loop trip" in k["wgsl"]
-            assert paired == (steps == 2 and case in ("tiles_of_128_k_32", "conv_grads"))  # (K 12: steps of 8 do not pair)
-            assert ("var buf = 0u;" in k["wgsl"]) != paired and ("b_tile[1u][" in k["wgsl"]) == paired
-    from meganeura.runtime.package import workgroup_bytes
-
-    assert max(workgroup_bytes(k["wgsl"]) or 0 for k in pkg.manifest["kernels"]) <= 16384  # WebGPU's default
-    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
-
-
-@pytest.mark.parametrize("device_class", ["cpu", "gpu", "quick"])
-def test_conv_on_split_128_tiles(device_class, device, monkeypatch):
-    """GEMM_PLAN["big_split"]: a convolution whose M and N fill 128-tiles but whose tiles are too
-    few runs on them with split-K (partials, then a sum), forward and both gradients."""
-    from meganeura.compiler import codegen_gemm
-
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "big_split", 8)
-    assert codegen_gemm.gemm_plan(130, 288, 1152, 1, conv=True)[::2] == (128, 4)
-    model, vals, refs = _conv_with_gradients((2, 128, 12, 12), (130, 128, 3, 3), 1, seed=4, w_scale=0.1)
-    pkg = Package.from_bytes(compile_model(model))
-    labels = [k["label"] for k in pkg.manifest["kernels"]]
-    assert any("/splitk-sum" in lab for lab in labels), labels
-    _assert_close(_session(device, pkg, device_class).run("infer", vals), refs)
-
-
 @pytest.mark.parametrize("k", [48, 3000, 45])  # plain, split-K (sum kernel runs the epilogue), odd K
 @pytest.mark.parametrize("device_class", ["cpu", "gpu", "quick"])
 def test_matmul_epilogues(k, device_class, device):
     """Bias, GELU and a residual computed in the matmul's store: same numbers as unfused."""
     from meganeura.compiler import run_graph
-    from meganeura.compiler.prepare import prepare
-    from meganeura.compiler.schedule import schedule
+    from meganeura.compiler.passes.prepare import prepare
+    from meganeura.compiler.passes.schedule import schedule
 
     rng = np.random.default_rng(k)
     b = Builder()
@@ -338,8 +219,8 @@ def test_fused_attention_both_variants(causal, device_class, device):
     """The fused kernel (workgroup-staged tiles on GPUs, direct reads on CPU rasterisers)
     against torch: more than one tile of keys and of queries, grouped-query heads."""
     import torch
-    from meganeura.compiler.prepare import prepare
-    from meganeura.compiler.schedule import schedule
+    from meganeura.compiler.passes.prepare import prepare
+    from meganeura.compiler.passes.schedule import schedule
 
     rng = np.random.default_rng(7)
     b = Builder()
@@ -387,7 +268,7 @@ def test_quick_attention_loops_over_wide_heads(d, keys, causal, device):
     dimension in loops (cheap to compile): against torch, keys in several tiles, split keys
     (700) merged after, a causal mask, and a width that is not a multiple of 16 (68)."""
     import torch
-    from meganeura.compiler.codegen_attention import QUICK_LOOPS_FROM
+    from meganeura.compiler.codegen.attention import QUICK_LOOPS_FROM
 
     assert d // 4 >= QUICK_LOOPS_FROM
     rng = np.random.default_rng(d)
@@ -463,8 +344,8 @@ def test_attention_reads_head_transposes_in_place(device_class, device):
     """q, k, v made as [b, t, h, d] and transposed to [b, h, t, d] (as every transformer
     builds them) are read through strides: no transpose kernels, the same answer."""
     import torch
-    from meganeura.compiler.prepare import prepare
-    from meganeura.compiler.schedule import schedule
+    from meganeura.compiler.passes.prepare import prepare
+    from meganeura.compiler.passes.schedule import schedule
 
     rng = np.random.default_rng(9)
     b = Builder()
@@ -485,36 +366,14 @@ def test_attention_reads_head_transposes_in_place(device_class, device):
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
 
 
-@pytest.mark.parametrize("k", [24, 3000])  # one pass; split-K (partials, then a sum running the store)
-@pytest.mark.parametrize("device_class", ["cpu", "gpu", "quick"])
-def test_matmul_prologues(k, device_class, device, monkeypatch):
-    """With GEMM prologues on, GELU(x * g + b) and ReLU(w) are computed in the matmul's loads
-    (A and B), not stored: same numbers as the interpreter."""
-    from meganeura.compiler import run_graph, schedule
-
-    monkeypatch.setattr(schedule, "GEMM_PROLOGUES", dict(schedule.GEMM_PROLOGUE_INPUTS))
-    rng = np.random.default_rng(k)
-    b = Builder()
-    x, w = b.input("x", (37, k)), b.input("w", (k, 20))
-    a = b.gelu(x * b.param("g", rng.standard_normal(k)) + b.param("b", rng.standard_normal(k)))
-    b.output("y", b.matmul(a, b.relu(w)) * (1 / np.sqrt(k)))
-    model = b.build()
-    pkg = Package.from_bytes(compile_model(model))
-    assert any(kk["label"].startswith("matmul(prologue)") for kk in pkg.manifest["kernels"])
-    vals = {"x": rng.standard_normal((37, k)), "w": rng.standard_normal((k, 20))}
-    got = _session(device, pkg, device_class).run("infer", vals)["y"]
-    ref = run_graph(model.graph, vals)[0]["y"]
-    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
-
-
 def test_convolution_on_128_tiles(device):
     """A convolution big enough for 128x128 tiles (its im2col loads step K by 8): the GPU
     variant against torch."""
     import torch
-    from meganeura.compiler.codegen_gemm import gemm_plan
+    from meganeura.compiler.codegen.gemm import gemm_plan
 
     rng = np.random.default_rng(4)
-    assert gemm_plan(128, 2 * 128 * 128, 36, 1, conv=True)[:2] == (128, 8)
+    assert gemm_plan(CompileOptions().gemm, 128, 2 * 128 * 128, 36, 1, conv=True)[:2] == (128, 8)
     b = Builder()
     x, w = b.input("x", (2, 4, 128, 128)), b.input("w", (128, 4, 3, 3))
     b.output("y", b.conv2d(x, w, padding=(1, 1, 1, 1)))
@@ -524,58 +383,22 @@ def test_convolution_on_128_tiles(device):
     assert np.abs(got["y"] - ref).max() / np.abs(ref).max() < 1e-5
 
 
-@pytest.mark.parametrize("spread", [(True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("name", ["tiles_of_128_k_contiguous", "tiles_of_128_vec4_k_batched"])
-def test_128_tiles_with_spread_thread_groups(name, spread, device, monkeypatch):
-    """GEMM_PLAN spread_a / spread_b: a thread's two 4-row / 4-column groups 64 apart (both
-    plans are timed by bench/gemm_policy.py; each must give the same answers)."""
-    from meganeura.compiler import codegen_gemm
-
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "spread_a", spread[0])
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "spread_b", spread[1])
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "split_groups", False)  # rows as [group] (the text below)
-    sa, sb, ta, tb = CASES[name]
-    rng = np.random.default_rng(3)
-    b = Builder()
-    b.output("c", b.matmul(b.input("a", sa), b.input("b", sb), trans_a=ta, trans_b=tb))
-    pkg = Package.from_bytes(compile_model(b.build()))
-    kernels = [k["wgsl"] for k in pkg.manifest["kernels"] if k["label"].startswith("matmul")]
-    assert any("b_tile[0u][16u + tx]" in k for k in kernels) == spread[1]
-    assert any("a_tile[0u][16u + ty]" in k for k in kernels) == spread[0]
-    A, B = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
-    ref = np.matmul(np.swapaxes(A, -1, -2) if ta else A.astype(np.float64), np.swapaxes(B, -1, -2) if tb else B)
-    got = Session(device, pkg, device_class="gpu").run("infer", {"a": A, "b": B})["c"]
-    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
-
-
-@pytest.mark.parametrize("k_quads", [False, True])
-@pytest.mark.parametrize("spread", [(False, True), (True, False)])
 @pytest.mark.parametrize("case", ["tiles_of_128_k_contiguous", "tiles_of_128_vec4_rows", "tiles_of_128_transposed",
-                                  "tiles_of_128_vec4_k_batched", "two_buffers", "conv_grads"])
-def test_128_tile_rows_split_by_half_and_thread(case, spread, k_quads, device, monkeypatch):
-    """GEMM_PLAN["split_groups"]: 128-tile rows typed [half][thread] (groups 64 apart) or
-    [thread][half] (side by side), the same bytes as [group], and with split_k_quads an operand
-    staged 4 k at a time typed [k / 4][k % 4]: every load layout, two buffers, a convolution
-    with both gradients, against numpy / torch; the inner loop's reads index by the thread's
-    coordinate and constants."""
-    from meganeura.compiler import codegen_gemm
-
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "split_groups", True)
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "split_k_quads", k_quads)
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "spread_a", spread[0])
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "spread_b", spread[1])
-    if case == "two_buffers":
-        monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "double_buffer", True)
+                                  "tiles_of_128_vec4_k_batched", "tiles_of_128_k_32", "conv_grads"])
+def test_128_tile_rows_by_thread_and_half(case, device):
+    """128-tile rows typed [thread][half] (A: a thread's two groups of 4 rows side by side) and
+    [half][thread] (B: its two groups of 4 columns 64 apart), and an operand staged 4 k at a
+    time typed [k / 4][k % 4]: every load layout, a convolution with both gradients, against
+    numpy / torch; the inner loop's reads index by the thread's coordinate and constants."""
     model, vals, refs = _tiles_of_128_case(case, seed=9)
     pkg = Package.from_bytes(compile_model(model))
     big = [k["wgsl"] for k in pkg.manifest["kernels"] if "8x8 outputs per thread" in k["wgsl"]]
     assert big
-    a_read, b_read = ("[1u][ty]" if spread[0] else "[ty][1u]"), ("[1u][tx]" if spread[1] else "[tx][1u]")
     for code in big:
         lines = [line.strip() for line in code.splitlines()]
-        assert any(line.startswith("let a0h = a_tile[0u]") and line.endswith(f"{a_read};") for line in lines), code
-        assert any(line.startswith("let b0h = b_tile[0u]") and line.endswith(f"{b_read};") for line in lines), code
+        assert any(line.startswith("let a0h = a_tile[0u]") and line.endswith("[ty][1u];") for line in lines), code
+        assert any(line.startswith("let b0h = b_tile[0u]") and line.endswith("[1u][tx];") for line in lines), code
         staged_by_k = "4 k of one row at a time" in code  # (an operand staged 4 k at a time)
         depth = max(line.count("array<") for line in code.splitlines() if line.startswith("var<workgroup>"))
-        assert depth == 3 + (case == "two_buffers") + (k_quads and staged_by_k), code
+        assert depth == 3 + staged_by_k, code
     _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)

@@ -1,8 +1,10 @@
-"""compiler/lift_sizes.py: kernels that differ only in sizes become one kernel reading them
+"""compiler/codegen/lift_sizes.py: kernels that differ only in sizes become one kernel reading them
 from a uniform buffer; the runtime binds each dispatch's values; answers do not change."""
 import numpy as np
 import pytest
-from meganeura.compiler import TrainConfig, compile_model, lift_sizes
+from meganeura.compiler import TrainConfig, compile_model
+from meganeura.compiler.codegen import lift_sizes
+from meganeura.compiler.options import CompileOptions
 from meganeura.runtime import Package, PackageError, Session
 
 ELEMENTWISE = """@group(0) @binding(0) var<storage, read> t0: array<f32>;
@@ -86,8 +88,7 @@ def test_a_training_step_is_bit_identical_with_and_without_lifting(device, monke
     cfg = TrainConfig(loss="mse", optimizer="adamw", lr=1e-2)
     lifted = Package.from_bytes(compile_model(model, cfg))
     assert {k["label"] for k in lifted.manifest["kernels"] if k.get("lifted")} >= {"relu", "mul+step"}
-    monkeypatch.setattr(lift_sizes, "ENABLED", False)
-    plain = Package.from_bytes(compile_model(model, cfg))
+    plain = Package.from_bytes(compile_model(model, cfg, options=CompileOptions(lift_sizes=False)))
     assert len(lifted.manifest["kernels"]) < len(plain.manifest["kernels"])
     results = []
     for pkg in (lifted, plain):
@@ -126,17 +127,15 @@ def test_the_runtime_refuses_sizes_that_do_not_fit_the_kernel(cnn_with_size_vari
 def test_format_3_packages_still_load_and_may_not_lift(device, monkeypatch, cnn_with_size_variants):
     """A package written before lifted sizes (format 3) loads and runs; one that says format 3
     but carries lifted sizes is refused."""
-    from meganeura.compiler import package_writer
+    from meganeura.compiler.package import writer as package_writer
     from meganeura.runtime.package import validate_manifest
 
     model, inputs = cnn_with_size_variants
     current = package_writer.FORMAT_VERSION
     monkeypatch.setattr(package_writer, "FORMAT_VERSION", 3)
-    monkeypatch.setattr(lift_sizes, "ENABLED", False)
-    old = Package.from_bytes(compile_model(model))
+    old = Package.from_bytes(compile_model(model, options=CompileOptions(lift_sizes=False)))
     assert old.manifest["format_version"] == 3
     y = Session(device, old, device_class="gpu").run("infer", {"x": inputs["x"]})["y"]
-    monkeypatch.setattr(lift_sizes, "ENABLED", True)
     monkeypatch.setattr(package_writer, "FORMAT_VERSION", current)
     new = Package.from_bytes(compile_model(model))
     np.testing.assert_array_equal(Session(device, new, device_class="gpu").run("infer", {"x": inputs["x"]})["y"], y)

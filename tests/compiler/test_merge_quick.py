@@ -1,20 +1,21 @@
-"""compiler/merge_quick.py: the quick tier's kernels that bind alike share pipelines, a lifted
+"""compiler/codegen/merge_quick.py: the quick tier's kernels that bind alike share pipelines, a lifted
 selector picking each dispatch's member; the quick tier computes what it did unmerged."""
 import re
 
 import numpy as np
 import pytest
-from meganeura.compiler import TrainConfig, compile_model, merge_quick
+from meganeura.compiler import TrainConfig, compile_model
+from meganeura.compiler.codegen import merge_quick
 from meganeura.runtime import Package, Session
+from meganeura.compiler.options import CompileOptions
 from meganeura.runtime.package import QUICK, kernels_of
 from meganeura.runtime.workgroup_memory import workgroup_bytes
 
 CONFIG = TrainConfig(loss="mse", optimizer="adamw", lr=1e-2)
 
 
-def _package(model, merged, monkeypatch):
-    monkeypatch.setattr(merge_quick, "ENABLED", merged)
-    return Package.from_bytes(compile_model(model, CONFIG))
+def _package(model, merged):
+    return Package.from_bytes(compile_model(model, CONFIG, options=CompileOptions(merge_quick=merged)))
 
 
 def _kernel(wgsl, access=("read", "read_write"), lifted=0, label="k"):
@@ -137,7 +138,7 @@ def test_the_training_steps_own_kernels_merge_apart_from_the_loads():
 
 def test_the_merged_quick_tier_trains_as_it_did_unmerged(device, hold_tuned, cnn_with_size_variants, monkeypatch):
     model, inputs = cnn_with_size_variants
-    plain, merged = _package(model, False, monkeypatch), _package(model, True, monkeypatch)
+    plain, merged = _package(model, False), _package(model, True)
     m = merged.manifest
     quick = kernels_of(m, QUICK)
     joined = [i for i in quick if "merged" in m["kernels"][i]["label"]]

@@ -11,7 +11,7 @@ import pytest
 import torch  # noqa: E402  (the test extra installs it)
 import onnx  # noqa: E402  (the test extra installs it)
 import torch.nn.functional as F
-from meganeura.compiler.interpret import run_graph
+from meganeura.compiler.ir.interpret import run_graph
 from meganeura.compiler.onnx_import import load_onnx
 from torch import nn
 
@@ -325,7 +325,7 @@ def test_reductions_without_axes_and_extra_ops():
 
 
 # ------------------------------------------------------------------ layer ops
-# Modules that export the ops of compiler/ops_nn.py and ops_layers.py (TorchScript
+# Modules that export the ops of compiler/ir/ops_nn.py and ops_layers.py (TorchScript
 # exporter, opsets 17 and 20); outputs compared with the float64 torch module.
 
 

@@ -16,14 +16,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from meganeura.compiler import codegen, ops
-from meganeura.compiler.ir import LEAF_OPS
-from meganeura.compiler.ops import NOT_DIFFERENTIABLE, OPS
-from meganeura.compiler.prepare import prepare
-from meganeura.compiler.schedule import Kernel
+from meganeura.compiler.codegen import kernels as codegen, wgsl
+from meganeura.compiler.ir.graph import LEAF_OPS
+from meganeura.compiler.ir.ops import NOT_DIFFERENTIABLE, OPS
+from meganeura.compiler.passes.prepare import prepare
+from meganeura.compiler.passes.records import Kernel
 
 KINDS = ("elementwise", "view", "kernel", "decompose", "leaf")
-PRELUDE = (Path(ops.__file__).parent / "kernels" / "prelude.wgsl").read_text()
+PRELUDE = wgsl.template("prelude")
 ALL = sorted(OPS)
 NON_LEAF = [n for n in ALL if OPS[n].lowering[:1] != ("leaf",)]
 
@@ -75,7 +75,7 @@ def _arities():
 
 
 def _fwd_graph(t, case):
-    from meganeura.compiler.builder import Builder
+    from meganeura.compiler.ir.builder import Builder
 
     b = Builder()
     ts = {k: b.input(k, v.shape, t._dtype(v)) for k, v in case.inputs.items()}

@@ -27,9 +27,9 @@ import math
 import numpy as np
 import pytest
 import torch
-from meganeura.compiler.autodiff import gradients
-from meganeura.compiler.builder import Builder
-from meganeura.compiler.interpret import run_graph
+from meganeura.compiler.ir.autodiff import gradients
+from meganeura.compiler.ir.builder import Builder
+from meganeura.compiler.ir.interpret import run_graph
 
 import op_cases_nn  # noqa: F401  (adds the layer cases to the lists)
 import op_cases_optim  # noqa: F401  (adds the optimizer cases)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from meganeura.compiler import Builder, run_graph
-from meganeura.compiler.autodiff import gradients
+from meganeura.compiler.ir.autodiff import gradients
 
 ROPE_COS = np.cos(np.arange(7)[:, None] * np.r_[np.arange(4), np.arange(4)][None] * 0.3)
 ROPE_SIN = np.sin(np.arange(7)[:, None] * np.r_[np.arange(4), np.arange(4)][None] * 0.3)

@@ -8,13 +8,14 @@ import zlib
 
 import numpy as np
 import pytest
-from meganeura.compiler import Builder, TrainConfig, blob, compile_model
+from meganeura.compiler import Builder, TrainConfig, compile_model
+from meganeura.compiler.package import blob
 from meganeura.compiler import compile as compile_mod
 from meganeura.compiler.compile import compile_graph, compile_programs
 from meganeura.compiler.models import unet
-from meganeura.compiler.package_writer import PackageBuilder
-from meganeura.compiler.prepare import prepare
-from meganeura.compiler.schedule import schedule
+from meganeura.compiler.package.writer import PackageBuilder
+from meganeura.compiler.passes.prepare import prepare
+from meganeura.compiler.passes.schedule import schedule
 from meganeura.runtime import Package, PackageError
 
 
@@ -158,11 +159,11 @@ def test_compiles_pause_the_cycle_collector_and_restore_its_state(monkeypatch):
 
     seen = []
     real_schedule = compile_mod.schedule
-    monkeypatch.setattr(compile_mod, "schedule", lambda g: seen.append(gc.isenabled()) or real_schedule(g))
+    monkeypatch.setattr(compile_mod, "schedule", lambda g, o: seen.append(gc.isenabled()) or real_schedule(g, o))
     assert gc.isenabled()
     compile_model(_model(), TrainConfig(loss="mse", optimizer="sgd"))
     assert seen == [False, False] and gc.isenabled()
-    def failing(g):
+    def failing(g, o):
         raise RuntimeError("a compiler bug")
     monkeypatch.setattr(compile_mod, "schedule", failing)
     with pytest.raises(RuntimeError):
@@ -177,17 +178,21 @@ def test_compiles_pause_the_cycle_collector_and_restore_its_state(monkeypatch):
         gc.enable()
 
 
-def test_bytes_do_not_depend_on_earlier_compiles(monkeypatch):
-    """Temp buffers are numbered by a process-wide counter: two temps of one size and first
-    use (an attention gradient's dK and dV partial sums) must pack by their order, not by how
-    their numbers spell (temp 100 before temp 99 as text)."""
-    from meganeura.compiler import codegen, codegen_attention, codegen_gemm, codegen_nn, ops_layers
-    from meganeura.compiler.autodiff import gradients
+def test_bytes_do_not_depend_on_how_temps_are_numbered(monkeypatch):
+    """Temp buffers are numbered per schedule: two temps of one size and first use (an
+    attention gradient's dK and dV partial sums) must pack by their order, not by how their
+    numbers spell (temp 100 before temp 99 as text)."""
+    import itertools
+
+    from meganeura import __version__
+    from meganeura.compiler.ir import ops_layers
+    from meganeura.compiler.ir.autodiff import gradients
+    from meganeura.compiler.options import CompileOptions
+    from meganeura.compiler.package.writer import PackageBuilder
 
     monkeypatch.setattr(ops_layers, "SCORES_IN_MEMORY_MAX", 0)  # the fused kernels
     monkeypatch.setattr(ops_layers, "SCORES_PARAM_SHARE", 0)
-    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "fill", 1 << 20)  # chunked: partial sums
-    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "min_blocks", 1)
+    options = CompileOptions().replace(attention_backward={"fill": 1 << 20, "min_blocks": 1})  # chunked: partials
 
     def build():
         b = Builder()
@@ -199,9 +204,10 @@ def test_bytes_do_not_depend_on_earlier_compiles(monkeypatch):
         b.g.outputs.update({"g" + n: grads[ins[n].id] for n in "qkv"})
         return b.g
     seen = set()
-    for start in [*range(1, 14), *range(88, 102)]:  # counters about to pass 10 and 100
-        ids = iter(range(start, 1 << 62))
-        for mod in (codegen, codegen_attention, codegen_gemm, codegen_nn):
-            monkeypatch.setattr(mod, "_temp_ids", ids)
-        seen.add(hashlib.sha256(compile_graph(build())).hexdigest())
+    for start in [*range(1, 14), *range(88, 102)]:  # numbers about to pass 10 and 100
+        sched = schedule(prepare(build(), options), options)
+        sched.temps = itertools.count(start)
+        pb = PackageBuilder(__version__, options)
+        pb.add_program("infer", sched)
+        seen.add(hashlib.sha256(pb.write({"source": {}, "batch": None})).hexdigest())
     assert len(seen) == 1

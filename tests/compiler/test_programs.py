@@ -3,7 +3,7 @@ program caches features that a training program reads without recomputing them."
 import numpy as np
 from meganeura.compiler import Builder, TrainConfig, run_graph
 from meganeura.compiler.compile import compile_programs
-from meganeura.compiler.training import attach_optimizer
+from meganeura.compiler.ir.training import attach_optimizer
 from meganeura.runtime import Package, Session
 
 
@@ -23,7 +23,7 @@ def _programs():
     # train: cached features -> head -> masked cross-entropy -> AdamW on the head only
     t = Builder()
     f = t.e.leaf("state", "cache.features", (4, 6))
-    from meganeura.compiler.builder import Tensor
+    from meganeura.compiler.ir.builder import Tensor
 
     logits = t.linear(Tensor(t, f), t.param("head.weight", w_head))
     labels = t.input("labels", (4,), "i32")

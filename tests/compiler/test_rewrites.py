@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from meganeura.compiler.autodiff import gradients
-from meganeura.compiler.builder import Builder
-from meganeura.compiler.emit import Emitter
-from meganeura.compiler.interpret import run_graph
-from meganeura.compiler.ir import Graph, Node, make_attrs
-from meganeura.compiler.ops import OPS
-from meganeura.compiler.prepare import prepare
-from meganeura.compiler.reductions import reduce_geometry
-from meganeura.compiler.training import ROW_MASK, TrainConfig, build_training_graph
+from meganeura.compiler.ir.autodiff import gradients
+from meganeura.compiler.ir.builder import Builder
+from meganeura.compiler.ir.emit import Emitter
+from meganeura.compiler.ir.interpret import run_graph
+from meganeura.compiler.ir.graph import Graph, Node, make_attrs
+from meganeura.compiler.ir.ops import OPS
+from meganeura.compiler.passes.prepare import prepare
+from meganeura.compiler.passes.reductions import reduce_geometry
+from meganeura.compiler.ir.training import ROW_MASK, TrainConfig, build_training_graph
 
 TOL = 1e-12
 
@@ -182,7 +182,7 @@ def test_duplicate_subexpressions():
 
 
 def Tensorish(b, node_id):
-    from meganeura.compiler.builder import Tensor
+    from meganeura.compiler.ir.builder import Tensor
 
     return Tensor(b, node_id)
 

@@ -2,9 +2,11 @@
 import numpy as np
 
 from meganeura.compiler import Builder, TrainConfig, compile_model, run_graph
-from meganeura.compiler.prepare import prepare
-from meganeura.compiler.schedule import MAX_BINDINGS, schedule
-from meganeura.compiler.training import build_training_graph
+from meganeura.compiler.passes.prepare import prepare
+from meganeura.compiler.passes.records import MAX_BINDINGS
+from meganeura.compiler.passes.schedule import schedule
+from meganeura.compiler.ir.training import build_training_graph
+from meganeura.compiler.options import CompileOptions
 from meganeura.runtime import Package, Session
 
 
@@ -88,52 +90,6 @@ def test_a_sum_over_integers(run_on_gpu):
     np.testing.assert_array_equal(got["c"], vals["y"].sum(0))
 
 
-def test_batch_norm_relu_is_computed_in_the_convolutions_loads(monkeypatch):
-    """With GEMM prologues on, a train-mode batch norm + ReLU between two convolutions is not
-    stored: the second convolution, its weight gradient and the ReLU's gradient compute it
-    from the first convolution's output (kept for the batch norm's backward anyway), and the
-    step needs less memory. Off, a product only elementwise code reads stays an epilogue."""
-    from meganeura.compiler import Builder, TrainConfig, compile_model, schedule
-    from meganeura.runtime import Package
-
-    rng = np.random.default_rng(0)
-
-    def net():
-        b = Builder()
-        x = b.input("x", (2, 3, 12, 12))
-        h = b.conv2d(x, b.param("c1.weight", rng.standard_normal((8, 3, 3, 3)) * 0.3), padding=(1, 1, 1, 1))
-        h = b.relu(b.batch_norm(h, b.param("bn.weight", np.ones(8)), b.param("bn.bias", np.zeros(8)),
-                                b.param("bn.running_mean", np.zeros(8), frozen=True),
-                                b.param("bn.running_var", np.ones(8), frozen=True), eps=1e-5, momentum=0.1))
-        h = b.conv2d(h, b.param("c2.weight", rng.standard_normal((4, 8, 3, 3)) * 0.3), padding=(1, 1, 1, 1))
-        b.output("y", b.sum(h, axes=(2, 3)))
-        return b.build()
-
-    packages = {}
-    for on in (False, True):
-        monkeypatch.setattr(schedule, "GEMM_PROLOGUES", dict(schedule.GEMM_PROLOGUE_INPUTS) if on else {})
-        packages[on] = Package.from_bytes(compile_model(net(), TrainConfig(loss="mse", optimizer="sgd")))
-    labels = {on: [k["label"] for k in p.manifest["kernels"]] for on, p in packages.items()}
-    assert not any("prologue" in lab for lab in labels[False])
-    assert {"conv2d(prologue)", "conv2d_weight_grad(prologue)"} <= set(labels[True]), labels[True]
-    bytes_ = {on: p.manifest["memory"]["buffer_bytes"] for on, p in packages.items()}
-    assert bytes_[True] < bytes_[False] - 2 * 8 * 12 * 12 * 4 * 0.9, bytes_  # the [2, 8, 12, 12] activation
-    assert _mlp_epilogue_labels() == [["add", "relu"], ["add"]]  # prologues leave epilogues be
-
-
-def _mlp_epilogue_labels():
-    from meganeura.compiler import schedule as schedule_module
-
-    saved = dict(schedule_module.GEMM_PROLOGUES)
-    schedule_module.GEMM_PROLOGUES.update(schedule_module.GEMM_PROLOGUE_INPUTS)
-    try:
-        sched = schedule(prepare(_mlp().graph))
-        return [sorted(sched.graph.nodes[m].op for m in k.epilogue) for k in sched.kernels]
-    finally:
-        schedule_module.GEMM_PROLOGUES.clear()
-        schedule_module.GEMM_PROLOGUES.update(saved)
-
-
 def _stacked_attention(layers=3, t=256, h=2, d=8):
     """Attention layers whose [1, h, t, t] scores (512 KB) dwarf everything else they hold."""
     rng = np.random.default_rng(0)
@@ -148,18 +104,16 @@ def _stacked_attention(layers=3, t=256, h=2, d=8):
     return b.build()
 
 
-def test_sinking_recomputation_chains_holds_one_layers_scores_and_keeps_answers(device, monkeypatch):
-    """schedule.SINK_CHAINS (off until its GPU time is measured): the backward's recomputed
-    scores and probabilities (the attention decomposition's gradient) move down to their layer's
-    turn instead of all layers' being held at once; the step computes the same bits."""
-    from meganeura.compiler import schedule as schedule_module
-
+def test_sinking_recomputation_chains_holds_one_layers_scores_and_keeps_answers(device):
+    """CompileOptions.sink_chains: the backward's recomputed scores and probabilities (the
+    attention decomposition's gradient) move down to their layer's turn instead of all
+    layers' being held at once; the step computes the same bits."""
     runs = {}
     rng = np.random.default_rng(1)
     feed = {"x": rng.standard_normal((1, 256, 16)), "labels": rng.standard_normal((1, 256, 16))}
     for sink in (False, True):
-        monkeypatch.setattr(schedule_module, "SINK_CHAINS", sink)
-        pkg = Package.from_bytes(compile_model(_stacked_attention(), TrainConfig(loss="mse")))
+        options = CompileOptions(sink_chains=sink)
+        pkg = Package.from_bytes(compile_model(_stacked_attention(), TrainConfig(loss="mse"), options=options))
         session = Session(device, pkg)
         loss = session.run("train_step", dict(feed))["loss"]
         runs[sink] = (pkg.programs["train_step"]["scratch_peak_bytes"], loss, session.weights())

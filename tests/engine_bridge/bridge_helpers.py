@@ -28,10 +28,11 @@ def identity_package(shape):
 
 
 def read_buffer(session, tensor):
-    """A tensor's current value, read on the CPU (tests only: this waits for the GPU)."""
-    n = int(np.prod(tensor["shape"]))
-    data = session.device.queue.read_buffer(session.buffers[tensor["buffer"]], 0, -(-n * 4 // 4) * 4)
-    return np.frombuffer(data, np.float32)[:n].reshape(tensor["shape"]).copy()
+    """A tensor's (a runtime records.TensorInfo) current value, read on the CPU (tests only: this
+    waits for the GPU)."""
+    n = tensor.count
+    data = session.device.queue.read_buffer(session.buffers[tensor.buffer], 0, -(-n * 4 // 4) * 4)
+    return np.frombuffer(data, np.float32)[:n].reshape(tensor.shape).copy()
 
 
 def read_rgba8(device, texture):
@@ -73,9 +74,9 @@ def handover_package():
     """'infer': x -> frozen backbone -> features, cached in a state -> head -> logits;
     'train_head': the cached features -> head -> cross-entropy -> AdamW on the head."""
     from meganeura.compiler import TrainConfig
-    from meganeura.compiler.builder import Tensor
+    from meganeura.compiler.ir.builder import Tensor
     from meganeura.compiler.compile import compile_programs
-    from meganeura.compiler.training import attach_optimizer
+    from meganeura.compiler.ir.training import attach_optimizer
 
     rng = np.random.default_rng(0)
     w_back, w_head = rng.standard_normal((6, 5)) * 0.5, rng.standard_normal((3, 6)) * 0.5

@@ -40,7 +40,7 @@ def present_overlay(host, package, frames=5):
             shown = read_rgba8(dev, target)  # the test reads the last frame, before it is presented
         host.present()
     sched.close()
-    assert sched.frame == frames and all(f["render_ms"] is not None for f in list(sched.stats)[1:])
+    assert sched.frame == frames and all(f.render_ms is not None for f in list(sched.stats)[1:])
 
     image = read_rgba8(dev, scene.texture)
     logits = Session(dev, package).run("infer", {"x": feed.reference(image)})["logits"]

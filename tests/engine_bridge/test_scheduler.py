@@ -62,7 +62,7 @@ def spread(device, seg_package, tmp_path_factory):
     sched.close()
     # close() waited for the GPU: the newest recorded copy maps at once (a frame whose copy
     # was skipped, every slot being busy, has none to wait for); bounded, never a hang
-    latest = max(s["frame"] for s in rb.slots)
+    latest = max(s.frame for s in rb.slots)
     got, deadline = None, time.monotonic() + 20
     while time.monotonic() < deadline and (got is None or got[0] < latest):
         got = rb.poll() or got
@@ -77,7 +77,7 @@ def test_no_frame_passes_the_budget_by_more_than_one_chunk(spread):
     sched = spread["sched"]
     assert sched.timestamps  # lavapipe has timestamp queries: these are GPU measurements
     frames = list(sched.stats)
-    measured = [f for f in frames if f["ml_ms"] is not None]
+    measured = [f for f in frames if f.ml_ms is not None]
     assert len(measured) >= 0.8 * len(frames)
     # lavapipe's "GPU" is this CPU: a pass that an OS preemption stalls measures many times
     # what the same dispatches measure in other frames. A stall is a pass over 4x the fastest
@@ -85,26 +85,26 @@ def test_no_frame_passes_the_budget_by_more_than_one_chunk(spread):
     # A scheduler that packed too much shows up with or without stalls.
     fastest = {}
     for f in measured:
-        for p in f["passes"]:
-            fastest[p["key"]] = min(fastest.get(p["key"], np.inf), p["ms"])
+        for p in f.passes:
+            fastest[p.key] = min(fastest.get(p.key, np.inf), p.ms)
     stalled = 0
     for f in measured:
-        ms = [p["ms"] for p in f["passes"] if p["kind"] == "ml"]
-        assert abs(sum(ms) - f["ml_ms"]) < 1e-9
-        if f["ml_ms"] <= BUDGET_MS + f["max_chunk_ms"]:
+        ms = [p.ms for p in f.passes if p.kind == "ml"]
+        assert abs(sum(ms) - f.ml_ms) < 1e-9
+        if f.ml_ms <= BUDGET_MS + f.max_chunk_ms:
             continue
         stalled += 1
-        capped = [min(p["ms"], 4 * fastest[p["key"]] + 1.0) for p in f["passes"] if p["kind"] == "ml"]
-        assert sum(capped) <= BUDGET_MS + max(capped) + 1e-6, (f["frame"], f["ml_ms"], f["passes"])
+        capped = [min(p.ms, 4 * fastest[p.key] + 1.0) for p in f.passes if p.kind == "ml"]
+        assert sum(capped) <= BUDGET_MS + max(capped) + 1e-6, (f.frame, f.ml_ms, f.passes)
     assert stalled <= 0.1 * len(measured), f"{stalled} of {len(measured)} frames stalled"
     # inference every frame; training packed several chunks into some frames, and spread steps over frames
-    assert all(any(p["label"].startswith("infer[") for p in f["passes"]) for f in frames)
-    assert max(f["train_chunks"] for f in frames) >= 2
+    assert all(any(p.label.startswith("infer[") for p in f.passes) for f in frames)
+    assert max(f.train_chunks for f in frames) >= 2
     frames_of_step = {}
     for f in frames:
-        for p in f["passes"]:
-            if m := re.search(r"step (\d+)", p["label"]):
-                frames_of_step.setdefault(int(m.group(1)), set()).add(f["frame"])
+        for p in f.passes:
+            if m := re.search(r"step (\d+)", p.label):
+                frames_of_step.setdefault(int(m.group(1)), set()).add(f.frame)
     assert sorted(frames_of_step) == list(range(6))
     assert max(len(v) for v in frames_of_step.values()) >= 2
 
@@ -198,8 +198,8 @@ def test_no_cpu_copies_of_model_inputs_and_outputs_per_frame(device, seg_package
         rb.poll()
         frames += 1
     monkeypatch.undo()
-    held = {id(b) for slot in sched._held for b in slot["buffers"].values()}  # the scheduler's own ring
-    model_io = {id(session.buffers[feed.tensor["buffer"]]), id(overlay.source)}
+    held = {id(b) for slot in sched._step_buffers.held for b in slot.buffers.values()}  # the scheduler's own ring
+    model_io = {id(session.buffers[feed.tensor.buffer]), id(overlay.source)}
     assert sched.steps_done == 2
     assert all(name == "write_buffer" and id(target) in held for _, name, target in calls), calls
     assert not [c for c in calls if id(c[2]) in model_io]
@@ -219,10 +219,10 @@ def test_without_timestamp_queries_cpu_calibrated_estimates_drive_the_budget(dev
         frame(sched)
     sched.close()
     frames = list(sched.stats)
-    assert all(f["ml_ms"] is None for f in frames) and len(frames) >= 2
+    assert all(f.ml_ms is None for f in frames) and len(frames) >= 2
     for f in frames:
-        est = [p["est"] for p in f["passes"] if p["kind"] == "ml"]
-        assert f["ml_est_ms"] <= BUDGET_MS + max(est) + 1e-9
+        est = [p.est for p in f.passes if p.kind == "ml"]
+        assert f.ml_est_ms <= BUDGET_MS + max(est) + 1e-9
     one_go = Session(device, seg_package)
     for b in data:
         one_go.run("train_step", b)
@@ -241,7 +241,7 @@ def test_training_on_data_already_on_the_gpu(device, seg_package):
     sched = FrameScheduler(session, BUDGET_MS, chunk_dispatches=4, before=[feed])
     labels = np.random.default_rng(3).integers(0, 4, H * W).astype(np.int32)
     source = device.create_buffer_with_data(data=labels, usage=wgpu.BufferUsage.COPY_SRC)
-    target = session.buffers[session.tensors[session.package.programs["train_step"]["inputs"]["labels"]]["buffer"]]
+    target = session.buffers[session.package.parsed.programs["train_step"].inputs["labels"].buffer]
     sched.train(None, steps=3, prepare=lambda enc: enc.copy_buffer_to_buffer(source, 0, target, 0, labels.nbytes))
     sched.warm_up()
     frame(sched, scene, 0.7)  # the scene is drawn once; every frame's feed writes the same x
@@ -274,9 +274,9 @@ def test_a_step_keeps_the_features_inference_handed_over_when_it_started(device)
     sched.close()
     starts = {}
     for f in sched.stats:
-        for p in f["passes"]:
-            if m := re.search(r"step (\d+)", p["label"]):
-                starts.setdefault(int(m.group(1)), f["frame"])
+        for p in f.passes:
+            if m := re.search(r"step (\d+)", p.label):
+                starts.setdefault(int(m.group(1)), f.frame)
     assert sched.steps_done == 3 and max(starts.values()) - min(starts.values()) >= 3  # steps spanned frames
     one_go = Session(device, package)
     for step, batch in enumerate(data):
@@ -313,7 +313,7 @@ def test_training_waits_for_frames_in_which_the_training_state_exists(device, se
         for _ in range(3):
             t = time.perf_counter()
             stats = frame(sched)
-            assert time.perf_counter() - t < 5 and stats["chunks"] > 0 and stats["train_chunks"] == 0
+            assert time.perf_counter() - t < 5 and stats.chunks > 0 and stats.train_chunks == 0
         assert not session.training_ready and sched.steps_started == 0
     finally:
         gate.set()
@@ -335,7 +335,7 @@ def test_a_training_state_that_cannot_be_made_stops_training_not_the_frames(devi
     got = None
     while got is None and sched.frame < 100:
         stats = frame(sched)
-        assert stats["train_chunks"] == 0
+        assert stats.train_chunks == 0
         got = rb.poll()
     assert got is not None and np.isfinite(got[1]).all()
     assert not sched.train_active and sched.steps_started == 0

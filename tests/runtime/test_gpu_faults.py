@@ -10,6 +10,7 @@ import wgpu
 
 from meganeura.compiler import Builder, compile_model
 from meganeura.runtime import DeviceLostError, GPUOutOfMemoryError, Package, Session
+from meganeura.runtime.gpu_objects import GpuObjects
 from meganeura.runtime.training_state import deferred_buffers
 
 
@@ -41,7 +42,7 @@ def batch(seed):
 
 
 def test_out_of_memory_at_load_is_clear_and_the_device_stays_usable(device, package):
-    at_load = len(package.manifest["buffers"]) - len(deferred_buffers(package.manifest))
+    at_load = len(package.plan.buffers) - len(deferred_buffers(package.parsed))
     for fail_at in sorted({1, at_load // 2 + 1, at_load}):
         with pytest.raises(GPUOutOfMemoryError, match=r"the package needs 0.0 MiB of GPU memory in \d+ buffers; "
                                                       r"the device could not allocate buffer \d+ .*Not enough memory"):
@@ -53,14 +54,15 @@ def test_out_of_memory_at_load_is_clear_and_the_device_stays_usable(device, pack
 def test_out_of_memory_in_the_training_state_leaves_inference_running(device, package):
     """The training state is made after the load: its allocation failing stops the training step
     (each time it is asked for, with the same clear error), not the inference."""
-    later = deferred_buffers(package.manifest)
+    later = deferred_buffers(package.parsed)
     assert len(later) >= 10  # the gradients, the moments, the labels, the activations kept
-    at_load = len(package.manifest["buffers"]) - len(later)
+    at_load = len(package.plan.buffers) - len(later)
     session = Session(FailingDevice(device, at_load + 3), package)
     session.programs  # noqa: B018  (its state given up: inference's own staging buffer is not the one to fail)
     assert session.training_ready and isinstance(session.training_error, GPUOutOfMemoryError)
-    assert session.allocated_bytes == sum(package.manifest["buffers"]) - sum(
-        package.manifest["buffers"][i] for i in later) + session._sizes_layout[0]  # (nothing of the state kept)
+    sizes = session._objects.sizes[0]  # (the lifted sizes' uniform buffer, if the package has one)
+    assert session.allocated_bytes == sum(package.plan.buffers) - sum(
+        package.plan.buffers[i] for i in later) + (sizes.size if sizes is not None else 0)  # (nothing of the state kept)
     x = batch(0)["x"]
     logits = session.run("infer", {"x": x})["logits"]
     for _ in range(2):
@@ -153,11 +155,11 @@ def test_a_failed_load_leaves_no_thread_behind(big, device, package, monkeypatch
     does; `big`: the buffers made on a thread of their own (as for a gigabyte of weights)."""
     import threading
 
-    from meganeura.runtime import session as session_module
+    from meganeura.runtime import loader as loader_module
 
-    monkeypatch.setattr(session_module, "LOAD_THREADS", 4)
-    monkeypatch.setattr(session_module, "BIG_UPLOAD", 0 if big else session_module.BIG_UPLOAD)
-    assert len(package.manifest["kernels"]) > 8  # enough kernels for the threads to be used
+    monkeypatch.setattr(loader_module, "LOAD_THREADS", 4)
+    monkeypatch.setattr(loader_module, "BIG_UPLOAD", 0 if big else loader_module.BIG_UPLOAD)
+    assert len(package.parsed.kernels) > 8  # enough kernels for the threads to be used
     before = set(threading.enumerate())  # (threads of earlier tests' sessions are theirs)
     with pytest.raises(GPUOutOfMemoryError):
         Session(FailingDevice(device, 3), package)
@@ -172,13 +174,13 @@ def test_a_device_lost_during_the_weight_upload(big, package, monkeypatch):
     their own from the start, on twice the threads)."""
     import threading
 
-    from meganeura.runtime import session as session_module
-
     import time
 
-    monkeypatch.setattr(session_module, "UPLOAD_THREADS", 2 if not big else 1)
+    from meganeura.runtime import loader as loader_module
+
+    monkeypatch.setattr(loader_module, "UPLOAD_THREADS", 2 if not big else 1)
     if big:
-        monkeypatch.setattr(session_module, "BIG_UPLOAD", 0)
+        monkeypatch.setattr(loader_module, "BIG_UPLOAD", 0)
     rng = np.random.default_rng(1)
     b = Builder()
     h = b.input("x", (2, 4))
@@ -187,17 +189,17 @@ def test_a_device_lost_during_the_weight_upload(big, package, monkeypatch):
     b.output("y", h)
     many = Package.from_bytes(compile_model(b.build()))
     own = wgpu.gpu.request_adapter_sync().request_device_sync()  # this one gets destroyed
-    writes, real = [], Session._write
+    writes, real = [], GpuObjects.write
 
     def write(self, t, value, *rest):
-        writes.append(t["name"])
+        writes.append(t.name)
         if len(writes) == 3:
             own.destroy()
         elif len(writes) > 3:
             time.sleep(0.01)  # (slow writes: the cancellation, not a race, decides how many ran)
         return real(self, t, value, *rest)
 
-    monkeypatch.setattr(Session, "_write", write)
+    monkeypatch.setattr(GpuObjects, "write", write)
     before = set(threading.enumerate())  # (threads of earlier tests' sessions are theirs)
     # (with a gigabyte of weights the writes begin beside the load's other work, which may see the loss first)
     with pytest.raises(DeviceLostError, match="uploading the weights" if not big else "the GPU device was lost"):
@@ -210,6 +212,6 @@ def test_out_of_memory_while_writing_is_the_runtimes_error(device, package, monk
     def write(self, t, value, *rest):
         raise wgpu.GPUOutOfMemoryError("Out of memory")
 
-    monkeypatch.setattr(Session, "_write", write)
+    monkeypatch.setattr(GpuObjects, "write", write)
     with pytest.raises(GPUOutOfMemoryError, match="uploading the weights: the GPU ran out of memory"):
         Session(device, package)

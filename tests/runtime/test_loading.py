@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from meganeura.compiler import Builder, TrainConfig, compile_model
 from meganeura.runtime import Package, PackageError, Session
+from meganeura.runtime.gpu_objects import GpuObjects
 
 
 def _mlp(seed, width=64):
@@ -19,14 +20,14 @@ def _mlp(seed, width=64):
 
 
 def _held_compiles(monkeypatch) -> threading.Event:
-    """Session._pipeline waits for the returned event: the driver "compiling" until the test
+    """GpuObjects.pipeline waits for the returned event: the driver "compiling" until the test
     lets it finish."""
-    gate, real = threading.Event(), Session._pipeline
+    gate, real = threading.Event(), GpuObjects.pipeline
 
     def held(self, i, k, *counted):
         assert gate.wait(60)
         return real(self, i, k, *counted)
-    monkeypatch.setattr(Session, "_pipeline", held)
+    monkeypatch.setattr(GpuObjects, "pipeline", held)
     return gate
 
 
@@ -36,7 +37,7 @@ def test_a_session_made_in_the_background_while_frames_run(device, tmp_path, mon
     frame = Session(device, Package.from_bytes(_mlp(2)))  # the host's running work
     x = np.random.default_rng(3).standard_normal((4, 16)).astype(np.float32)
     want_frame = frame.run("infer", {"x": x})["y"]
-    real = Session._pipeline
+    real = GpuObjects.pipeline
     gate = _held_compiles(monkeypatch)
     loading = Session.load_in_background(device, path, threads=2)
     try:
@@ -52,14 +53,14 @@ def test_a_session_made_in_the_background_while_frames_run(device, tmp_path, mon
     session = loading.result(timeout=120)
     seen.append(loading.progress)
     assert loading.done() and seen[-1] == 1.0 and seen == sorted(seen)
-    monkeypatch.setattr(Session, "_pipeline", real)
+    monkeypatch.setattr(GpuObjects, "pipeline", real)
     np.testing.assert_array_equal(session.run("infer", {"x": x})["y"],
                                   Session(device, Package.load(path)).run("infer", {"x": x})["y"])
     assert np.isfinite(session.run("train_step", {"x": x, "labels": np.zeros((4, 3), np.float32)})["loss"])
 
 
 def test_a_background_load_hands_over_its_error(device, tmp_path, monkeypatch):
-    from meganeura.compiler import blob
+    from meganeura.compiler.package import blob
 
     monkeypatch.setattr(blob, "CHUNK", 1024)  # many checksum chunks: the last is read on a thread
     data = bytearray(_mlp(4))
@@ -86,7 +87,7 @@ def test_a_session_that_fails_stops_reading_its_file(mapped, device, tmp_path, m
     from meganeura.runtime import package as package_module
     from meganeura.runtime import threads as threads_module
 
-    from meganeura.compiler import blob
+    from meganeura.compiler.package import blob
 
     monkeypatch.setattr(blob, "CHUNK", 1024)  # the head is one chunk: the rest is read on a thread
     path = tmp_path / "p.mnpk"
@@ -103,52 +104,63 @@ def test_a_session_that_fails_stops_reading_its_file(mapped, device, tmp_path, m
         assert not [t for t in threading.enumerate() if t.name == "meganeura-read"]
 
 
-def test_a_blocking_load_shortens_pythons_switch_interval_while_it_runs(device, tmp_path, monkeypatch):
-    """Session() switches Python's threads every loading.SWITCH_INTERVAL while it loads (its
-    threads' returns from wgpu and zlib then wait less for the constructor's own Python), and
-    the host's interval comes back once it returns or fails; a host's shorter one stays."""
+def test_a_blocking_load_leaves_pythons_switch_interval_alone_unless_asked(device, tmp_path, monkeypatch):
+    """Session() leaves the host's interpreter alone; with host_switch_interval it switches Python's
+    threads at least that often while it loads (its threads' returns from wgpu and zlib then wait
+    less for the constructor's own Python), and the host's interval comes back once it returns or
+    fails; a host's shorter one stays."""
     import sys
 
     from meganeura.runtime import loading
 
     path = tmp_path / "p.mnpk"
     path.write_bytes(_mlp(6))
-    seen, real = [], Session._pipeline
+    seen, real = [], GpuObjects.pipeline
 
     def spy(self, *a, **kw):  # (the load's compiles; the training step's own run after it)
         if not threading.current_thread().name.startswith("meganeura-training"):
             seen.append(sys.getswitchinterval())
         return real(self, *a, **kw)
-    monkeypatch.setattr(Session, "_pipeline", spy)
+    monkeypatch.setattr(GpuObjects, "pipeline", spy)
     host = sys.getswitchinterval()
+    asked = loading.SWITCH_INTERVAL
     try:
-        with Session(device, path) as s:
+        with Session(device, path) as s:  # not asked: the host's own, throughout
+            s.run("infer", {"x": np.ones((4, 16), np.float32)})
+        assert seen and all(v == pytest.approx(host) for v in seen), seen
+        seen.clear()
+        with Session(device, path, host_switch_interval=asked) as s:
             assert sys.getswitchinterval() == pytest.approx(host)
             s.run("infer", {"x": np.ones((4, 16), np.float32)})
-        assert seen and all(v == pytest.approx(loading.SWITCH_INTERVAL, rel=0.05) for v in seen), seen
+        assert seen and all(v == pytest.approx(asked, rel=0.05) for v in seen), seen
         with pytest.raises(PackageError):
-            Session(device, tmp_path / "missing.mnpk")
-        assert sys.getswitchinterval() == pytest.approx(host) and loading._switch["loads"] == 0
+            Session(device, tmp_path / "missing.mnpk", host_switch_interval=asked)
+        assert sys.getswitchinterval() == pytest.approx(host) and loading._Shortened.loads == 0
         sys.setswitchinterval(0.0001)  # a host's own, shorter: kept
         seen.clear()
-        Session(device, path).close()
+        Session(device, path, host_switch_interval=asked).close()
         assert seen and all(v == pytest.approx(0.0001, rel=0.05) for v in seen)
         assert sys.getswitchinterval() == pytest.approx(0.0001, rel=0.05)
         sys.setswitchinterval(host)
-        other = loading._switch_sooner(loading.SWITCH_INTERVAL)  # a background load, running on
+        other = loading.shorten_switch_interval(asked)  # a background load, running on
         sys.setswitchinterval(0.0002)  # the host's own, set meanwhile: still the host's when both end
-        Session(device, path).close()
+        Session(device, path, host_switch_interval=asked).close()
         other()
-        assert sys.getswitchinterval() == pytest.approx(0.0002, rel=0.05) and loading._switch["loads"] == 0
+        assert sys.getswitchinterval() == pytest.approx(0.0002, rel=0.05) and loading._Shortened.loads == 0
+        sys.setswitchinterval(host)
+        for bad in (0, -1.0, 1e-7, float("nan")):
+            with pytest.raises(ValueError, match="host_switch_interval"):
+                Session(device, path, host_switch_interval=bad)
+        assert sys.getswitchinterval() == pytest.approx(host)
     finally:
         sys.setswitchinterval(host)
 
 
-def test_a_background_load_shortens_pythons_switch_interval_while_it_runs(device, tmp_path, monkeypatch):
-    """The loading threads' Python hands the interpreter back to the host's thread sooner while
-    loads run (loading.SWITCH_INTERVAL), and the host's interval comes back when the last ends,
-    after an error too; a host's shorter interval, or one it sets during a load, stays;
-    switch_interval=None leaves it alone."""
+def test_a_background_load_shortens_pythons_switch_interval_only_when_asked(device, tmp_path, monkeypatch):
+    """With host_switch_interval (or its older name, switch_interval) the loading threads' Python
+    hands the interpreter back to the host's thread sooner while loads run, and the host's interval
+    comes back when the last ends, after an error too; a host's shorter interval, or one it sets
+    during a load, stays; without it the interval is left alone."""
     import sys
 
     from meganeura.runtime import loading
@@ -156,51 +168,57 @@ def test_a_background_load_shortens_pythons_switch_interval_while_it_runs(device
     path = tmp_path / "p.mnpk"
     path.write_bytes(_mlp(6))
     gate = _held_compiles(monkeypatch)
+    asked = loading.SWITCH_INTERVAL
 
     def interval(want):  # (Python keeps whole microseconds)
         return pytest.approx(want, rel=0.05)
     host = sys.getswitchinterval()
     try:
-        first, second = (Session.load_in_background(device, path, threads=1) for _ in range(2))
-        assert sys.getswitchinterval() == interval(loading.SWITCH_INTERVAL)
+        first = Session.load_in_background(device, path, threads=1, host_switch_interval=asked)
+        second = Session.load_in_background(device, path, threads=1, switch_interval=asked)  # (the older name)
+        assert sys.getswitchinterval() == interval(asked)
         gate.set()
         first.result(timeout=120), second.result(timeout=120)
         assert sys.getswitchinterval() == interval(host)
         gate.clear()
-        untouched = Session.load_in_background(device, path, threads=1, switch_interval=None)
+        untouched = Session.load_in_background(device, path, threads=1)  # (not asked)
         assert sys.getswitchinterval() == interval(host)
         gate.set()
         untouched.result(timeout=120)
         gate.clear()
         sys.setswitchinterval(0.0001)  # a host's own, shorter: kept during the load and after
-        shorter = Session.load_in_background(device, path, threads=1)
+        shorter = Session.load_in_background(device, path, threads=1, host_switch_interval=asked)
         assert sys.getswitchinterval() == interval(0.0001)
         gate.set()
         shorter.result(timeout=120)
         assert sys.getswitchinterval() == interval(0.0001)
         sys.setswitchinterval(host)
         gate.clear()
-        changed = Session.load_in_background(device, path, threads=1)
+        changed = Session.load_in_background(device, path, threads=1, host_switch_interval=asked)
         sys.setswitchinterval(0.002)  # the host sets its own during the load: not undone
         gate.set()
         changed.result(timeout=120)
         assert sys.getswitchinterval() == interval(0.002)
         sys.setswitchinterval(host)
-        failing = Session.load_in_background(device, tmp_path / "missing.mnpk", switch_interval=0.001)
+        failing = Session.load_in_background(device, tmp_path / "missing.mnpk", host_switch_interval=0.001)
         with pytest.raises(PackageError):
             failing.result(timeout=120)
         assert sys.getswitchinterval() == interval(host)
         for bad in (0, -1.0, 1e-7, float("nan")):
             with pytest.raises(ValueError, match="switch_interval"):
+                Session.load_in_background(device, path, host_switch_interval=bad)
+            with pytest.raises(ValueError, match="switch_interval"):
                 Session.load_in_background(device, path, switch_interval=bad)
+        with pytest.raises(TypeError, match="not both"):
+            Session.load_in_background(device, path, host_switch_interval=asked, switch_interval=asked)
         assert sys.getswitchinterval() == interval(host)
 
         def no_thread(*a, **kw):
             raise RuntimeError("can't start new thread")
         monkeypatch.setattr(loading, "OnThread", no_thread)
         with pytest.raises(RuntimeError, match="new thread"):
-            Session.load_in_background(device, path)
-        assert sys.getswitchinterval() == interval(host) and loading._switch["loads"] == 0
+            Session.load_in_background(device, path, host_switch_interval=asked)
+        assert sys.getswitchinterval() == interval(host) and loading._Shortened.loads == 0
     finally:
         gate.set()
         sys.setswitchinterval(host)
@@ -208,50 +226,50 @@ def test_a_background_load_shortens_pythons_switch_interval_while_it_runs(device
 
 def test_bind_groups_are_made_on_one_thread_beside_the_compiles(device, tmp_path, monkeypatch):
     """Making bind groups is Python bound by the GIL: on many threads it only queues a host's
-    frame behind them (session.BIND_GROUP_THREADS); the pipelines still compile on several."""
-    from meganeura.runtime import session as session_module
+    frame behind them (loader.BIND_GROUP_THREADS); the pipelines still compile on several."""
+    from meganeura.runtime import loader as loader_module
 
     path = tmp_path / "p.mnpk"
     path.write_bytes(_mlp(7, width=128))
-    made = {"_bind_group": set(), "_pipeline": set()}
+    made = {"bind_group": set(), "pipeline": set()}
     for name in made:
-        def on(self, *a, _real=getattr(Session, name), _seen=made[name]):
+        def on(self, *a, _real=getattr(GpuObjects, name), _seen=made[name]):
             _seen.add((threading.get_ident(), threading.current_thread().name))
             return _real(self, *a)
-        monkeypatch.setattr(Session, name, on)
-    monkeypatch.setattr(session_module, "LOAD_THREADS", 4)
+        monkeypatch.setattr(GpuObjects, name, on)
+    monkeypatch.setattr(loader_module, "LOAD_THREADS", 4)
     session = Session.load_in_background(device, path, threads=4).result(timeout=120)
     session.wait_tuned(), session.programs  # (the tuned tier's and the training step's groups too)
     # one thread at load, then one making the training step's after it (runtime/training_state.py)
-    assert session_module.BIND_GROUP_THREADS == 1
-    assert sorted(name for _, name in made["_bind_group"]) == ["meganeura-bind", "meganeura-training"]
-    assert not made["_bind_group"] & made["_pipeline"]
-    assert len(made["_pipeline"]) > 1 or (os.cpu_count() or 1) < 2  # (pools never outnumber the cores)
+    assert loader_module.BIND_GROUP_THREADS == 1
+    assert sorted(name for _, name in made["bind_group"]) == ["meganeura-bind", "meganeura-training"]
+    assert not made["bind_group"] & made["pipeline"]
+    assert len(made["pipeline"]) > 1 or (os.cpu_count() or 1) < 2  # (pools never outnumber the cores)
     assert np.isfinite(session.run("infer", {"x": np.ones((4, 16), np.float32)})["y"]).all()
 
 
 def test_a_gigabyte_of_weights_is_written_on_twice_the_threads(device, monkeypatch):
-    """session.BIG_UPLOAD: SD-1.5's 3.3 GB went up in 0.22-0.25 s on 8 threads against 0.38-0.40
-    on 4; small packages gained nothing from more."""
-    from meganeura.runtime import session as session_module
+    """loader.BIG_UPLOAD: a gigabyte of weights goes up on twice the threads (small packages gain
+    nothing from more), but in a background load (the host's frames first)."""
+    from meganeura.runtime import loader as loader_module
 
-    seen, real = [], session_module._in_background
+    seen, real = [], loader_module.load_calls
 
     def spy(calls, threads=None, *rest):
         first = next(iter(calls.values()), (None,))[0]
         if getattr(first, "__name__", "") == "_write_counted":
             seen.append(threads)
         return real(calls, threads, *rest)
-    monkeypatch.setattr(session_module, "_in_background", spy)
+    monkeypatch.setattr(loader_module, "load_calls", spy)
     package = Package.from_bytes(_mlp(9))
     x = np.ones((4, 16), np.float32)
     with Session(device, package) as s:
         small, small_threads = s.run("infer", {"x": x})["y"], s.upload_threads
-    monkeypatch.setattr(session_module, "BIG_UPLOAD", 1)  # (every package a big one)
+    monkeypatch.setattr(loader_module, "BIG_UPLOAD", 1)  # (every package a big one)
     with Session(device, package) as s:
         big, big_threads = s.run("infer", {"x": x})["y"], s.upload_threads
-    assert seen == [small_threads, big_threads] == [session_module.UPLOAD_THREADS, 2 * session_module.UPLOAD_THREADS]
+    assert seen == [small_threads, big_threads] == [loader_module.UPLOAD_THREADS, 2 * loader_module.UPLOAD_THREADS]
     np.testing.assert_array_equal(big, small)
     background = Session.load_in_background(device, package, threads=2).result(timeout=120)
-    assert background.upload_threads == session_module.UPLOAD_THREADS  # (the host's frames first)
+    assert background.upload_threads == loader_module.UPLOAD_THREADS  # (the host's frames first)
     background.close()

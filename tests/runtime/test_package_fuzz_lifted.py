@@ -1,4 +1,4 @@
-"""The package rules hold for kernels that read lifted sizes (compiler/lift_sizes.py):
+"""The package rules hold for kernels that read lifted sizes (compiler/codegen/lift_sizes.py):
 test_package_fuzz.py's mutations, and ones aimed at the "lifted" fields."""
 import copy
 import random

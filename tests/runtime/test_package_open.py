@@ -9,6 +9,7 @@ import pytest
 from meganeura.compiler import Builder, compile_model
 from meganeura.runtime import Package, PackageError, Session
 from meganeura.runtime import package as package_module
+from meganeura.runtime.gpu_objects import GpuObjects
 from meganeura.runtime.threads import FileReader
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="files are mapped on POSIX only (Windows reads them)")
@@ -27,16 +28,16 @@ def three_chunks():
 @pytest.mark.parametrize("big", [False, True])
 def test_a_session_from_a_path_runs_as_one_from_a_loaded_package(big, device, three_chunks, tmp_path, monkeypatch):
     """`big`: as a gigabyte of weights loads (buffers and upload on a thread from the start)."""
-    from meganeura.runtime import session as session_module
+    from meganeura.runtime import loader as loader_module
 
     data, w = three_chunks
     path = tmp_path / "p.mnpk"
     path.write_bytes(data)
     monkeypatch.setattr(package_module, "READ_STEP", 3 << 20)  # several reads on threads per part
-    monkeypatch.setattr(session_module, "BIG_UPLOAD", 0 if big else session_module.BIG_UPLOAD)
+    monkeypatch.setattr(loader_module, "BIG_UPLOAD", 0 if big else loader_module.BIG_UPLOAD)
     x = np.random.default_rng(4).standard_normal((2, 3000)).astype(np.float32)
     from_path = Session(device, path)
-    assert from_path.upload_threads == session_module.UPLOAD_THREADS * (2 if big else 1)
+    assert from_path.upload_threads == loader_module.UPLOAD_THREADS * (2 if big else 1)
     assert from_path.package.manifest == Package.from_bytes(data).manifest
     assert not from_path.package.weights["w"].flags.writeable
     np.testing.assert_array_equal(from_path.package.weights["w"], Package.load(path).weights["w"])
@@ -89,7 +90,7 @@ def test_a_file_and_its_bytes_are_judged_alike(tmp_path, monkeypatch):
     weights' header spans several."""
     import random
 
-    from meganeura.compiler import blob
+    from meganeura.compiler.package import blob
 
     monkeypatch.setattr(blob, "CHUNK", 1024)
     rng = np.random.default_rng(6)
@@ -168,17 +169,17 @@ def test_a_rebuild_that_fails_mid_upload_stops_its_check(device, three_chunks, t
     path = tmp_path / "p.mnpk"
     path.write_bytes(data)
     s = Session(device, path)
-    crc, real = zlib.crc32, Session._write
+    crc, real = zlib.crc32, GpuObjects.write
     monkeypatch.setattr(package_module.zlib, "crc32", lambda *a: time.sleep(0.2) or crc(*a))  # checks outlast the upload
 
     def failing(self, t, value, *rest):
         raise MemoryError("the upload failed")
-    monkeypatch.setattr(Session, "_write", failing)
+    monkeypatch.setattr(GpuObjects, "write", failing)
     before = set(threading.enumerate())
     with pytest.raises(MemoryError, match="the upload failed"):
         s.rebuild(device)
     assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("meganeura-")]
-    monkeypatch.setattr(Session, "_write", real)
+    monkeypatch.setattr(GpuObjects, "write", real)
     x = np.ones((2, 3000), np.float32)
     np.testing.assert_array_equal(s.rebuild(device).run("infer", {"x": x})["y"], s.run("infer", {"x": x})["y"])
     np.testing.assert_array_equal(s.package.weights["w"], w)
@@ -249,12 +250,12 @@ def test_a_mapped_file_cut_short_is_refused_not_a_crash(three_chunks, tmp_path):
 INTERRUPTED = """
 import signal, sys, threading, time, zlib
 from meganeura.runtime import Session
-from meganeura.runtime import session as session_module
+from meganeura.runtime import loader as loader_module
 
 path, big = sys.argv[1], sys.argv[2] == "big"
 s = Session(None, path)
 if big:
-    session_module.BIG_UPLOAD = 0
+    loader_module.BIG_UPLOAD = 0
 crc, sent = zlib.crc32, []
 
 def slow(*a):  # the rebuild's check: Ctrl-C arrives while the constructor waits for it
@@ -294,18 +295,18 @@ def test_a_file_whose_dispatches_break_the_rules_is_refused_by_a_session(big, de
     import threading
 
     from meganeura.runtime import GPUOutOfMemoryError
-    from meganeura.runtime import session as session_module
+    from meganeura.runtime import loader as loader_module
     from meganeura.runtime.training_state import deferred_buffers
     from test_gpu_faults import FailingDevice
     from test_package_fuzz import CountingDevice, _manifest_mutations, seal, split
 
-    monkeypatch.setattr(session_module, "BIG_UPLOAD", 0 if big else session_module.BIG_UPLOAD)
-    real_check = session_module.check_workgroup_memory
+    monkeypatch.setattr(loader_module, "BIG_UPLOAD", 0 if big else loader_module.BIG_UPLOAD)
+    real_check = loader_module.check_workgroup_memory
 
     def slow_check(*args):  # (time for an upload thread told too soon to make the other buffers)
         threading.Event().wait(0.05)
         return real_check(*args)
-    monkeypatch.setattr(session_module, "check_workgroup_memory", slow_check)
+    monkeypatch.setattr(loader_module, "check_workgroup_memory", slow_check)
     m, blob = split(mlp_training_bytes)
     held = {t["buffer"] for t in m["tensors"] if t["init"] == "blob"}
     weights = sum(m["buffers"][i] for i in held)
@@ -352,12 +353,12 @@ def test_a_gigabytes_weights_are_written_beside_the_checks_unless_being_read(map
     import time
     import zlib
 
-    from meganeura.runtime import session as session_module
+    from meganeura.runtime import loader as loader_module
 
     data, w = three_chunks
     path = tmp_path / "p.mnpk"
     path.write_bytes(data)
-    monkeypatch.setattr(session_module, "BIG_UPLOAD", 0)
+    monkeypatch.setattr(loader_module, "BIG_UPLOAD", 0)
     if not mapped:
         def no_mappings(*a, **kw):
             raise OSError("no mappings on this file system")
@@ -371,10 +372,10 @@ def test_a_gigabytes_weights_are_written_beside_the_checks_unless_being_read(map
             checked_end.append(time.perf_counter())
         return out
     monkeypatch.setattr(package_module.zlib, "crc32", slow_crc)
-    check = session_module.check_workgroup_memory
-    monkeypatch.setattr(session_module, "check_workgroup_memory",
+    check = loader_module.check_workgroup_memory
+    monkeypatch.setattr(loader_module, "check_workgroup_memory",
                         lambda *a: time.sleep(0.3 if mapped else 0) or check(*a))
-    made, writes, allocate, write = {}, [], Session._allocate, Session._write
+    made, writes, allocate, write = {}, [], GpuObjects.allocate, GpuObjects.write
 
     def allocate_spy(self, which, what, *rest):
         out = allocate(self, which, what, *rest)
@@ -384,8 +385,8 @@ def test_a_gigabytes_weights_are_written_beside_the_checks_unless_being_read(map
     def write_spy(self, t, value, *rest):
         writes.append(time.perf_counter())
         return write(self, t, value, *rest)
-    monkeypatch.setattr(Session, "_allocate", allocate_spy)
-    monkeypatch.setattr(Session, "_write", write_spy)
+    monkeypatch.setattr(GpuObjects, "allocate", allocate_spy)
+    monkeypatch.setattr(GpuObjects, "write", write_spy)
     s = Session(device, path)
     if mapped:
         assert min(writes) < made["the package"] - 0.2  # (the writes did not wait for the slowed checks)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from meganeura.compiler import Builder, TrainConfig, compile_model, run_graph
-from meganeura.compiler.training import build_training_graph
+from meganeura.compiler.ir.training import build_training_graph
 from meganeura.runtime import Package, Session
 
 

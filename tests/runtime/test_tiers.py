@@ -5,7 +5,7 @@ import threading
 import numpy as np
 import pytest
 from meganeura.compiler import TrainConfig, compile_model, run_graph
-from meganeura.compiler.training import build_training_graph
+from meganeura.compiler.ir.training import build_training_graph
 from meganeura.runtime import Package, PackageError, Session
 from meganeura.runtime.package import QUICK, kernels_of
 
@@ -23,7 +23,7 @@ def _steps(session, inputs, n=3):
 
 
 def _interpreter_losses(model, inputs, n=3):
-    """The first n training losses by the float64 interpreter (compiler/interpret.py)."""
+    """The first n training losses by the float64 interpreter (compiler/ir/interpret.py)."""
     tg = build_training_graph(model.graph, CONFIG)
     values, losses = {}, []
     for _ in range(n):
@@ -174,12 +174,13 @@ def test_bind_groups_wait_for_the_buffers_and_a_cancelled_load_makes_none(device
     s = Session(device, pkg)
     assert s.programs  # (the training step's groups made: no other thread makes any below)
     made = []
-    real = s._bind_group
-    s._bind_group = lambda *a: made.append(threading.current_thread()) or real(*a)
+    objects = s._objects  # (the session's GPU objects: runtime/gpu_objects.py)
+    real = objects.bind_group
+    objects.bind_group = lambda *a: made.append(threading.current_thread()) or real(*a)
     allocated, cancel = threading.Event(), threading.Event()
     out = {}
-    worker = threading.Thread(target=lambda: out.update(r=make_bind_groups(s, s.device_class, 1, {}, cancel, allocated)),
-                              daemon=True)
+    worker = threading.Thread(target=lambda: out.update(
+        r=make_bind_groups(objects, pkg.parsed, s.device_class, 1, {}, cancel, allocated)), daemon=True)
     try:
         worker.start()
         worker.join(0.2)
@@ -191,7 +192,7 @@ def test_bind_groups_wait_for_the_buffers_and_a_cancelled_load_makes_none(device
         assert all(key in groups for steps in forms.values() for _, key in steps)
         made.clear()
         cancel.set()
-        _, none = make_bind_groups(s, s.device_class, 1, {}, cancel)
+        _, none = make_bind_groups(objects, pkg.parsed, s.device_class, 1, {}, cancel)
         assert not made and set(none.values()) == {None}
     finally:
         allocated.set()

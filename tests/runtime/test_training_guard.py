@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from meganeura.compiler import Builder, TrainConfig, compile_model, run_graph
-from meganeura.compiler.training import build_training_graph
+from meganeura.compiler.ir.training import build_training_graph
 from meganeura.runtime import Package, Session
 
 
@@ -91,7 +91,7 @@ def test_without_the_guard_a_nan_loss_raises(device):
     b = Builder()
     b.output("y", b.linear(b.input("x", (4, 3)), b.param("w", np.ones((2, 3))), b.param("c", np.zeros(2))))
     pkg = Package.from_bytes(compile_model(b.build(), TrainConfig(loss="mse", skip_nonfinite=False)))
-    assert pkg.tensor("optimizer.skipped_steps", "state") is None
+    assert pkg.plan.tensor("optimizer.skipped_steps", "state") is None
     session = Session(device, pkg)
     x = np.full((4, 3), np.nan, np.float32)
     with pytest.raises(FloatingPointError, match="not finite"):

@@ -9,6 +9,7 @@ import pytest
 
 from meganeura.compiler import Builder, TrainConfig, compile_model
 from meganeura.runtime import Package, Session
+from meganeura.runtime.gpu_objects import GpuObjects
 from meganeura.runtime.training_state import TrainingState, deferred_buffers
 
 
@@ -54,25 +55,26 @@ def gate(monkeypatch):
 
 
 def test_the_deferred_buffers_are_the_training_steps_own(package):
-    m = package.manifest
+    m = package.parsed
     later = deferred_buffers(m)
-    infer = {bi for d in m["programs"]["infer"]["dispatches"] for bi in d["buffers"]}
-    weights = {t["buffer"] for t in m["tensors"] if t["init"] == "blob"}
+    infer = {b.buffer for d in m.programs["infer"].dispatches for b in d.bindings}
+    weights = {t.buffer for t in m.tensors if t.init == "blob"}
     assert later and not later & (infer | weights)
-    moments = {t["buffer"] for t in m["tensors"] if t["name"].endswith((".exp_avg", ".exp_avg_sq"))}
-    labels = m["tensors"][m["programs"]["train_step"]["inputs"]["labels"]]["buffer"]
+    moments = {t.buffer for t in m.tensors if t.name.endswith((".exp_avg", ".exp_avg_sq"))}
+    labels = m.programs["train_step"].inputs["labels"].buffer
     assert len(moments) >= 1 and moments | {labels} <= later
-    assert deferred_buffers(_package(train=False).manifest) == set()  # nothing to defer
+    assert deferred_buffers(package.manifest) == later  # (a manifest as stored: parsed first)
+    assert deferred_buffers(_package(train=False).parsed) == set()  # nothing to defer
 
 
 def test_inference_runs_while_the_training_state_is_made_and_training_waits_for_it(device, package, expected,
                                                                                    gate):
     want_logits, want_losses, want_moment = expected
-    later = deferred_buffers(package.manifest)
+    later = deferred_buffers(package.parsed)
 
     s = Session(device, package)
     assert not s.training_ready
-    deferred_bytes = sum(package.manifest["buffers"][i] for i in later)
+    deferred_bytes = sum(package.plan.buffers[i] for i in later)
     at_load = s.allocated_bytes
     np.testing.assert_array_equal(s.run("infer", {"x": _batch(0)["x"]})["logits"], want_logits)
     losses, worker = [], threading.Thread(target=lambda: losses.extend(
@@ -118,12 +120,12 @@ def test_the_training_steps_own_kernels_compile_behind_the_load(device, package,
     variant = "cpu" if device.adapter.info.get("adapter_type") == "CPU" else "gpu"  # (as `expected` ran)
     at_load, own = kernels_of(m, variant, ("infer",)), kernels_of(m, variant) - kernels_of(m, variant, ("infer",))
     assert at_load and own
-    made, real = [], Session._pipeline
+    made, real = [], GpuObjects.pipeline
 
     def spy(self, i, *rest):
         made.append((i, threading.current_thread().name))
         return real(self, i, *rest)
-    monkeypatch.setattr(Session, "_pipeline", spy)
+    monkeypatch.setattr(GpuObjects, "pipeline", spy)
     with Session(device, package) as s:
         np.testing.assert_array_equal(s.run("infer", {"x": _batch(0)["x"]})["logits"], expected[0])
         np.testing.assert_array_equal([s.run("train_step", _batch(i))["loss"] for i in range(2)], expected[1])

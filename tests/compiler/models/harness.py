@@ -7,9 +7,9 @@ import numpy as np
 import torch
 
 from meganeura.compiler import compile_graph, compile_model, run_graph
-from meganeura.compiler.autodiff import gradients
-from meganeura.compiler.emit import Emitter
-from meganeura.compiler.training import ROW_MASK, train_mode
+from meganeura.compiler.ir.autodiff import gradients
+from meganeura.compiler.ir.emit import Emitter
+from meganeura.compiler.ir.training import ROW_MASK, train_mode
 from meganeura.runtime import Package, Session
 
 

@@ -9,7 +9,7 @@ import transformers
 from harness import check_forward, check_training_step, state_dict_numpy
 from meganeura.compiler import compile_model
 from meganeura.compiler.models.dinov2 import dinov2, dinov2_vits14_config
-from meganeura.compiler.training import TrainConfig
+from meganeura.compiler.ir.training import TrainConfig
 from safetensors.numpy import load_file
 from safetensors.torch import save_file
 

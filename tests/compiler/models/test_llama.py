@@ -10,7 +10,7 @@ import transformers
 from harness import check_forward, check_training_step, rel, state_dict_numpy
 from meganeura.compiler import compile_model, run_graph
 from meganeura.compiler.models.llama import llama, smollm2_135m_config
-from meganeura.compiler.training import TrainConfig
+from meganeura.compiler.ir.training import TrainConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 TINY = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -11,7 +11,7 @@ import torch
 from harness import check_forward, check_training_step, state_dict_numpy
 from meganeura.compiler import compile_model
 from meganeura.compiler.models.resnet import BASIC, resnet, resnet18, resnet50
-from meganeura.compiler.training import TrainConfig
+from meganeura.compiler.ir.training import TrainConfig
 from torch import nn
 
 
@@ -100,15 +100,8 @@ def torch_f32_grad_errors(ref, x, labels):
     return {k: float((grads[torch.float32][k] - g).abs().max() / g.abs().max()) for k, g in grads[torch.float64].items()}
 
 
-@pytest.mark.parametrize("prologues", [False, True], ids=["stored", "prologues"])
 @pytest.mark.parametrize("name", CASES)
-def test_resnet_forward_and_training_step(name, prologues, device, monkeypatch):
-    """Also with batch norm + ReLU computed in the next convolution's loads (schedule's GEMM
-    prologues, off by default): the same numbers."""
-    from meganeura.compiler import schedule
-
-    if prologues:
-        monkeypatch.setattr(schedule, "GEMM_PROLOGUES", dict(schedule.GEMM_PROLOGUE_INPUTS))
+def test_resnet_forward_and_training_step(name, device):
     builder, block, layers = CASES[name]
     # 48x48, not 32x32: at 32 the last stage is 1x1, so a train-mode batch norm there normalises
     # 2 values per channel (y = +-1 whatever x is): its exact gradient is ~0 and every gradient
@@ -203,8 +196,8 @@ def test_batch_norm_statistics_are_computed_once_per_layer():
     running statistics and the closed-form gradient reuse the forward's (prepare() merges
     equal nodes; built apart, they were computed again and kept each input alive). Where a
     block downsamples, its two norms meet in one sum and share the bias gradient's reduction."""
-    from meganeura.compiler.prepare import prepare
-    from meganeura.compiler.training import build_training_graph
+    from meganeura.compiler.passes.prepare import prepare
+    from meganeura.compiler.ir.training import build_training_graph
 
     model = resnet(BASIC, (1, 1, 1, 1), batch=2, image_size=32, num_classes=5, width=8)
     norms = sum(n.op == "batch_norm" for n in model.graph.nodes)

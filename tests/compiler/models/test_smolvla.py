@@ -18,7 +18,7 @@ from meganeura.compiler.models.smolvla import (
     stack_prefix_kv,
     time_embedding,
 )
-from meganeura.compiler.training import TrainConfig
+from meganeura.compiler.ir.training import TrainConfig
 from torch import nn
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -14,7 +14,7 @@ from meganeura.compiler.models.whisper import (
     whisper_encoder,
     whisper_tiny_encoder_config,
 )
-from meganeura.compiler.training import TrainConfig
+from meganeura.compiler.ir.training import TrainConfig
 from safetensors.numpy import load_file
 from safetensors.torch import save_file
 from transformers.models.whisper.modeling_whisper import WhisperEncoder

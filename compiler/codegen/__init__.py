@@ -1,0 +1,1 @@
+"""Kernels: a schedule's kernels as WGSL, from templates and tile plans."""

@@ -1,0 +1,1 @@
+"""Writing the package file: manifest, kernels, weights."""

@@ -1,0 +1,1 @@
+"""Rewrites and planning on graphs: prepare, schedule, reductions, memory, half weights."""

@@ -1,0 +1,241 @@
+"""A checked manifest as typed records, parsed once after its validation (runtime/manifest_checks.py):
+nothing after the checks reads the msgpack maps by string.
+
+In two parts, as the checks are: a BufferPlan (buffers, tensors, what the device must offer), which
+making and filling the buffers needs; then the Manifest (kernels, programs, batch, training) around it.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from .format import DTYPES
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """One tensor of the package: what it holds and where (a buffer, a byte offset into it)."""
+
+    name: str
+    role: str  # input, param, state, constant or output
+    dtype: str  # f32, i32, or f16 (parameters only)
+    shape: tuple[int, ...]
+    buffer: int
+    offset: int = 0
+    init: str | None = None  # zeros or blob; None for an output
+    program: str | None = None  # an output's program
+    grouped: bool = False  # placed at an offset of its own: a parameter group's member, sharing a buffer
+
+    @property
+    def count(self) -> int:
+        """Values it holds (a Python int: no wrap-around)."""
+        return math.prod(self.shape)
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(DTYPES[self.dtype])
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.np_dtype.itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutKey:
+    """What a bind group layout depends on: each storage binding's access, and how many lifted sizes
+    the kernel reads from its uniform buffer (runtime/lifted_sizes.py)."""
+
+    access: tuple[str, ...]
+    lifted: int
+
+
+@dataclass(frozen=True, slots=True)
+class KernelInfo:
+    wgsl: str
+    entry: str
+    label: str
+    workgroup_size: tuple[int, int, int]
+    layout: LayoutKey
+
+    @property
+    def access(self) -> tuple[str, ...]:
+        return self.layout.access
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """A dispatch's storage binding: a buffer whole (size None), or `size` bytes of it from `offset`."""
+
+    buffer: int
+    offset: int = 0
+    size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """What a variant of a dispatch sets: its kernel, its workgroup count and its lifted sizes."""
+
+    kernel: int
+    workgroups: tuple[int, int, int]
+    lifted: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Dispatch:
+    launch: Launch  # as compiled: the GPU's tuned kernel
+    bindings: tuple[Binding, ...]
+    variants: Mapping[str, Launch]  # device class ("cpu", "gpu") or QUICK -> its own launch
+
+    @property
+    def kernel(self) -> int:
+        return self.launch.kernel
+
+    def as_variant(self, variant: str) -> Launch:
+        """The launch a device running `variant` makes: its own where it has one, else the dispatch's."""
+        return self.variants.get(variant, self.launch)
+
+
+@dataclass(frozen=True, slots=True)
+class BindGroupKey:
+    """What a bind group depends on: its layout, its bindings and the slice of lifted sizes it binds
+    (pooled scratch makes many dispatches bind alike: they share one group)."""
+
+    layout: LayoutKey
+    bindings: tuple[Binding, ...]
+    lifted: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Program:
+    name: str
+    inputs: Mapping[str, TensorInfo]
+    outputs: Mapping[str, TensorInfo]
+    dispatches: tuple[Dispatch, ...]
+    scratch_peak_bytes: int
+    row_mask: str | None = None  # the hidden input that masks a batch's padded rows
+
+    @property
+    def public_inputs(self) -> list[str]:
+        """The inputs a caller gives (all but the row mask)."""
+        return [name for name in self.inputs if name != self.row_mask]
+
+
+@dataclass(frozen=True, slots=True)
+class Training:
+    loss: str
+    optimizer: str
+    lr: float
+    frozen: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlobChecksum:
+    """The weights blob's checksums: a CRC-32 per `chunk_bytes` of it, 4 bytes big-endian each in `values`."""
+
+    chunk_bytes: int
+    values: bytes
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BufferPlan:
+    """The buffers and the tensors in them, and what the package requires of a device."""
+
+    format_version: int
+    compiler_version: str
+    buffers: tuple[int, ...]  # bytes of each
+    tensors: tuple[TensorInfo, ...]
+    buffer_bytes: int
+    shared_scratch: bool
+    features: tuple[str, ...]
+    limits: Mapping[str, int]
+    checksum: BlobChecksum
+
+    def tensor(self, name: str, role: str) -> TensorInfo | None:
+        for t in self.tensors:
+            if t.name == name and t.role == role:
+                return t
+        return None
+
+    def param_names(self) -> list[str]:
+        return [t.name for t in self.tensors if t.role == "param"]
+
+    def stored(self) -> list[TensorInfo]:
+        """The tensors whose values the weights blob holds (parameters, constants, initial state)."""
+        return [t for t in self.tensors if t.role in ("param", "state", "constant") and t.init == "blob"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Manifest:
+    plan: BufferPlan
+    kernels: tuple[KernelInfo, ...]
+    programs: Mapping[str, Program]
+    batch_size: int | None
+    training: Training | None
+
+    @property
+    def tensors(self) -> tuple[TensorInfo, ...]:
+        return self.plan.tensors
+
+    @property
+    def buffers(self) -> tuple[int, ...]:
+        return self.plan.buffers
+
+    def kernels_of(self, variant: str, programs=None) -> set[int]:
+        """The kernels a device running `variant` makes pipelines of (for `programs`, names: default all)."""
+        return {d.as_variant(variant).kernel for name, p in self.programs.items()
+                if programs is None or name in programs for d in p.dispatches}
+
+    def lifted_values(self) -> set[tuple[int, ...]]:
+        """Every distinct tuple of lifted sizes the dispatches (and their variants) carry."""
+        return {launch.lifted for p in self.programs.values() for d in p.dispatches
+                for launch in (d.launch, *d.variants.values()) if launch.lifted}
+
+
+def parse_plan(m: dict) -> BufferPlan:
+    """The BufferPlan of a manifest that manifest_checks.check_layout has passed."""
+    tensors = tuple(TensorInfo(t["name"], t["role"], t["dtype"], tuple(t["shape"]), t["buffer"], t.get("offset", 0),
+                               t.get("init"), t.get("program"), "offset" in t) for t in m["tensors"])
+    memory, requires, ck = m["memory"], m["requires"], m["blob_checksum"]
+    return BufferPlan(m["format_version"], m["compiler_version"], tuple(m["buffers"]), tensors,
+                      memory["buffer_bytes"], memory.get("shared_scratch", False), tuple(requires["features"]),
+                      dict(requires["limits"]), BlobChecksum(ck["chunk_bytes"], ck["values"]))
+
+
+def parse_manifest(m: dict, plan: BufferPlan | None = None) -> Manifest:
+    """The Manifest of a manifest that every check has passed (`plan`: its BufferPlan, if parsed already)."""
+    plan = plan if plan is not None else parse_plan(m)
+    kernels = tuple(KernelInfo(k["wgsl"], k["entry"], k.get("label", ""), tuple(k["workgroup_size"]),
+                               LayoutKey(tuple(k["access"]), k.get("lifted", 0))) for k in m["kernels"])
+    bindings = {}  # (buffer, range) -> its Binding: one object for the many dispatches binding alike
+    programs = {name: _program(name, p, plan.tensors, bindings) for name, p in m["programs"].items()}
+    train = m.get("training")
+    training = None if train is None else Training(train["loss"], train["optimizer"], train["lr"],
+                                                   tuple(train["frozen"]))
+    batch = m.get("batch")
+    return Manifest(plan, kernels, programs, None if batch is None else batch["size"], training)
+
+
+def _program(name: str, p: dict, tensors: tuple, bindings: dict) -> Program:
+    dispatches = []
+    for d in p["dispatches"]:
+        ranges = d.get("ranges") or (None,) * len(d["buffers"])
+        bound = []
+        for b, r in zip(d["buffers"], ranges):
+            key = (b, None) if r is None else (b, r[0], r[1])
+            binding = bindings.get(key)
+            if binding is None:
+                binding = bindings[key] = Binding(b) if r is None else Binding(b, r[0], r[1])
+            bound.append(binding)
+        variants = {cls: _launch(v) for cls, v in d["variants"].items()} if "variants" in d else {}
+        dispatches.append(Dispatch(_launch(d), tuple(bound), variants))
+    return Program(name, {k: tensors[i] for k, i in p["inputs"].items()},
+                   {k: tensors[i] for k, i in p["outputs"].items()}, tuple(dispatches), p["scratch_peak_bytes"],
+                   p.get("row_mask"))
+
+
+def _launch(d: dict) -> Launch:
+    lifted = d.get("lifted")
+    return Launch(d["kernel"], tuple(d["workgroups"]), tuple(lifted) if lifted else ())
