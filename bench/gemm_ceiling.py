@@ -2,7 +2,7 @@
 (independent accumulators, no memory), then standalone GEMM variants at 4096^3
 (bench/kernels/gemm_variant.wgsl: tile shapes, outputs per thread, warp layouts, fma() or
 a * b + c) against cuBLAS fp32 (TF32 off) in the same process. Experiments for the
-compiler's 128-tile plan (codegen_gemm.GEMM_PLAN), not used by it.
+compiler's 128-tile plan (CompileOptions.gemm, compiler/codegen/plans.py), not used by it.
 
     python bench/gemm_ceiling.py [--size 4096] [--out DIR] [--no-torch] [--skip-fma] [--bisect | --checks]
 """
@@ -17,13 +17,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import GpuTimer  # noqa: E402
-
 from meganeura.compiler.codegen.wgsl import fill  # noqa: E402
+from timing import GpuTimer  # noqa: E402
 
 KERNELS = Path(__file__).resolve().parent / "kernels"
 # (tile rows, tile cols, rows per thread, cols per thread, BK, warp layout across x down, fma builtin);
-# 128x128, 8x8, BK 16, 16 x 2 warps is the compiler's layout before session 8 (it now steps K by 8)
+# 128x128, 8x8, 16 x 2 warps is the compiler's layout (which steps K by 8, not 16)
 VARIANTS = [
     (128, 128, 8, 8, 16, "16x2", False), (128, 128, 8, 8, 16, "16x2", True), (128, 128, 8, 8, 16, "8x4", False),
     (128, 128, 8, 8, 16, "4x8", False), (128, 128, 8, 8, 8, "16x2", False), (128, 128, 8, 8, 8, "8x4", False),
@@ -96,7 +95,6 @@ def fma_wgsl(vec: bool, chains: int, iters: int, use_fma: bool) -> str:
 class Runner:
     def __init__(self):
         import wgpu
-
         from meganeura.runtime.device import default_device
         from meganeura.runtime.native import shader_module
 
@@ -194,14 +192,15 @@ def gemms(run: Runner, size: int, rows: list, torch_ok: bool):
             _timed(run, "gemm", variant_name(*v), gemm_wgsl(size, size, size, *v), size, v[:2], operands, rows)
 
 
-def _compiled_kernel(size: int) -> str:
+def _compiled_kernel(size: int, options=None) -> str:
     """The compiler's kernel for x @ w at size^3 (bench/run.py's gemm_* workloads)."""
     from meganeura.compiler import Builder, compile_model
     from meganeura.runtime import Package
 
     b = Builder()
     b.output("y", b.matmul(b.input("x", (size, size)), b.param("w", np.zeros((size, size), np.float32))))
-    (k,) = [k for k in Package.from_bytes(compile_model(b.build())).manifest["kernels"] if k["label"] == "matmul"]
+    pkg = Package.from_bytes(compile_model(b.build(), options=options))
+    (k,) = [k for k in pkg.manifest["kernels"] if k["label"] == "matmul"]
     return k["wgsl"]
 
 
@@ -270,37 +269,26 @@ def bisect(run: Runner, size: int, rows: list, torch_ok: bool = False):
                 _timed(run, "compiled", f"as compiled, {how}", code, size, (128, 128), operands, rows, **kw)
 
 
-_ROWS = {"split_groups": False, "split_k_quads": False}  # 128-tile rows as [group] (before session 11)
-CHECK_PLANS = {"1 K step per trip": {"k_unroll": 1, "k_unroll_long": 1, **_ROWS},
-               "2 K steps per trip": {"k_unroll_long": 2, **_ROWS},
-               "4 K steps per trip": {"k_unroll_long": 4, **_ROWS},
-               "two buffers, 2 K steps per trip": {"k_unroll_long": 2, "double_buffer": True, **_ROWS},
-               "two buffers, 4 K steps per trip": {"k_unroll_long": 4, "double_buffer": True, **_ROWS},
-               "rows split [half][thread], 2 K steps per trip": {"k_unroll_long": 2, "split_groups": True,
-                                                                 "split_k_quads": False},
-               "rows split [half][thread], 4 K steps per trip": {"k_unroll_long": 4, "split_groups": True,
-                                                                 "split_k_quads": False},
-               "rows split, k by quads, 2 K steps per trip": {"k_unroll_long": 2, "split_groups": True,
-                                                              "split_k_quads": True},
-               "rows split, k by quads, 4 K steps per trip": {"k_unroll_long": 4, "split_groups": True,
-                                                              "split_k_quads": True}}
+# changes to the GEMM plan (CompileOptions().replace(gemm=...)); plans of switches since removed
+# (two tile buffers, 128-tile rows as [group]: bench/REJECTED.md) are in older result files only
+CHECK_PLANS = {"1 K step per trip": {"k_unroll": 1, "k_unroll_long": 1},
+               "2 K steps per trip": {"k_unroll_long": 2},
+               "4 K steps per trip": {"k_unroll_long": 4}}
 
 
 def checks(run: Runner, size: int, rows: list, torch_ok: bool = False, only=None):
     """The compiled kernel with and without wgpu's shader checks (the Session's default has
-    them), under CHECK_PLANS' GEMM_PLAN settings."""
-    from meganeura.compiler.codegen.gemm import GEMM_PLAN
+    them), under CHECK_PLANS' GEMM plans."""
+    from meganeura.compiler import CompileOptions
 
     if torch_ok:
         _torch_single(size, rows)
     operands = _operands(run, size)
-    variants, kept = {}, dict(GEMM_PLAN)
+    variants = {}
     for name, plan in CHECK_PLANS.items():
         if only and not any(o in name for o in only):
             continue
-        GEMM_PLAN.update(plan)
-        variants[name] = _compiled_kernel(size)
-        GEMM_PLAN.update(kept)
+        variants[name] = _compiled_kernel(size, CompileOptions().replace(gemm=plan))
     from meganeura.runtime.native import BOUNDS_CHECKS, LOOP_BOUNDING
 
     modes = {"checked": True, "unchecked": False, "bounds checks only": BOUNDS_CHECKS,

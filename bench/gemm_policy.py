@@ -1,7 +1,8 @@
 """GEMM and attention plans on this GPU: each transformer-sized matmul (with its bias or
-GELU epilogue) and attention of the bench's models, under several codegen_gemm.GEMM_PLAN /
-codegen_attention.ATTENTION_PLAN settings, GPU time by timestamps, cuBLAS / SDPA beside them.
-Picks the plan with the least total time; the defaults in codegen come from here.
+GELU epilogue) and attention of the bench's models, compiled under several plans (changes to
+CompileOptions' gemm, attention and attention_backward plans), GPU time by timestamps, cuBLAS /
+SDPA beside them. Picks the plan with the least total time; the defaults in
+compiler/codegen/plans.py come from here.
 
     python bench/gemm_policy.py [--out DIR]
 """
@@ -26,73 +27,35 @@ GEMMS = [  # (m, k, n, epilogue): DINOv2 at 224 (257 tokens), Whisper-tiny (1500
     (16, 128, 28, "conv3x3_grad"), (16, 512, 7, "conv3x3_grad"),
 ]
 ATTENTIONS = [(1, 6, 257, 257, 64), (1, 6, 1500, 1500, 64), (1, 12, 50, 163, 60), (4, 9, 128, 128, 64)]
-_F = {"fill": 256, "short_k": 512, "slice_min": 64, "slice_min_short": 128, "k_fastest_staging": True,
-      "big_split": 0, "regs64": False, "straight_staging": False, "conv_vec4_weights": False, "double_buffer": False,
-      "warp_rows": 2, "warp_rows_small": 2, "k_rows_fastest": False,
-      "tiles_2d": True, "k_unroll": 2, "k_unroll_small": 2, "store4": True,
-      "k_unroll_long": 4, "long_k": 512, "split_groups": False, "split_k_quads": False}
-# (each plan sets every key: plans run one after another; flat tiles before session 9, one K
-# step per loop trip and no store4 before session 10, 128-tile rows as [group] before session
-# 11. A result file names its plans as they were then: session 10's 4-step and two-buffer plans
-# ran with 2 steps as the default)
-_BIG = {"big_bk": 8,  # (16 before session 8: older result files measured these plans with 16)
-        "prefetch": True, "vec4_loads": True, "big_bk_conv": 8, "vec4_small_tiles": True}
-_DEFAULT = {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128, "straight_staging": True}
-GEMM_PLANS = {  # codegen_gemm.GEMM_PLAN settings (the default: "..., 128-tiles only when M, N >= 128")
-    "F": {**_F, **_BIG, "spread_a": False, "spread_b": False, "big_min_side": 0},
-    "F, 128-tiles: B groups 64 apart": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 0},
-    "F, 128-tiles: A and B groups 64 apart": {**_F, **_BIG, "spread_a": True, "spread_b": True, "big_min_side": 0},
-    "F, B groups 64 apart, 128-tiles only when M, N >= 128": {**_F, **_BIG, "spread_a": False, "spread_b": True,
-                                                              "big_min_side": 128, "big_split": 0},
-    "... and split 128-tiles up to 8 ways": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128,
-                                             "big_split": 8},
-    "... (no split) and 64-tiles 8x8 per thread": {**_F, **_BIG, "spread_a": False, "spread_b": True,
-                                                   "big_min_side": 128, "big_split": 0, "regs64": True},
-    "... (no split) and straight staging on 64/32-tiles": {**_F, **_BIG, "spread_a": False, "spread_b": True,
-                                                           "big_min_side": 128, "straight_staging": True},
-    "... (no split) and convolution weights 16 bytes at a time": {**_F, **_BIG, "spread_a": False, "spread_b": True,
-                                                                  "big_min_side": 128, "conv_vec4_weights": True},
-    "... both": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128, "straight_staging": True,
-                 "conv_vec4_weights": True},
-    "straight staging (default)": {**_F, **_BIG, "spread_a": False, "spread_b": True, "big_min_side": 128,
-                                   "straight_staging": True},
-    "... and warps of 8 x 4 threads on 128-tiles": {**_DEFAULT, "warp_rows": 4},
-    "... and on 64-tiles too": {**_DEFAULT, "warp_rows": 4, "warp_rows_small": 4},
-    "... K-contiguous operands staged rows fastest": {**_DEFAULT, "k_rows_fastest": True},
-    "... warps of 8 x 4 everywhere and rows fastest": {**_DEFAULT, "warp_rows": 4, "warp_rows_small": 4, "k_rows_fastest": True},
-    "... 128-tile matmuls with K steps of 16": {**_DEFAULT, "big_bk": 16},
-    "... flat tiles (k * groups + group)": {**_DEFAULT, "tiles_2d": False},
-    "... one K step per loop trip": {**_DEFAULT, "k_unroll": 1, "k_unroll_small": 1},
-    "... 128-tiles: 2 K steps per loop trip, however long K": {**_DEFAULT, "k_unroll_long": 2},
-    "... results stored one at a time (no store4)": {**_DEFAULT, "store4": False},
-    "... 128-tiles on two buffers, alternating by the steps of a loop trip": {**_DEFAULT, "double_buffer": True},
-    "... 128-tiles' rows split [half][thread]": {**_DEFAULT, "split_groups": True},
-    "... rows split, k by quads (the default since session 11)": {**_DEFAULT, "split_groups": True,
-                                                                   "split_k_quads": True},
+# each plan: the keys it changes from the defaults (CompileOptions().replace(gemm=plan)). Plans
+# of switches since removed (bench/REJECTED.md) are in older result files only
+GEMM_PLANS = {
+    "default": {},
+    "128-tiles whatever M and N": {"big_min_side": 0},
+    "128-tile matmuls with K steps of 16": {"big_bk": 16},
+    "one K step per loop trip": {"k_unroll": 1, "k_unroll_small": 1},
+    "128-tiles: 2 K steps per loop trip, however long K": {"k_unroll_long": 2},
+    "64-tiles from 128 workgroups": {"fill": 128},
 }
 ITERS = 100
 # attention backward (dQ, dK, dV of one attention): Whisper-tiny, DINOv2, SD-1.5's first level (self, cross)
 ATTENTION_BACKWARDS = [(1, 6, 1500, 1500, 64), (1, 6, 257, 257, 64), (1, 8, 4096, 4096, 40), (1, 8, 4096, 77, 40)]
-# codegen_attention.ATTENTION_BWD_PLAN settings, and "budget" (ops_layers.BACKWARD_BUDGET) and
-# "fused" (False: the decomposition's gradient, scores in memory, GEMMs, softmax); fill: workgroups
-# the fused kernels aim for by cutting their loops into chunks (0: whole loops)
-_BWD = {"vec4_loads": False, "fill": 1056, "tiles_2d": True, "unroll": ("c", "jj", "ii"), "budget": 32768, "fused": True}
-ATTENTION_BWD_PLANS = {"scalar loads": {**_BWD, "fill": 0}, "split to 528": {**_BWD, "fill": 528},
+# attention backward plans: changes to CompileOptions' attention_backward plan, and "budget"
+# (ops_layers.BACKWARD_BUDGET) and "fused" (False: the decomposition's gradient, scores in memory,
+# GEMMs, softmax); fill: workgroups the fused kernels aim for by cutting their loops into chunks
+# (0: whole loops)
+_BWD = {"budget": 32768, "fused": True}
+ATTENTION_BWD_PLANS = {"whole loops": {**_BWD, "fill": 0}, "split to 528": {**_BWD, "fill": 528},
                        "split to 1056 (default)": _BWD,
-                       "split to 1056, flat tiles": {**_BWD, "tiles_2d": False},
-                       "split to 1056, loops kept": {**_BWD, "unroll": ()},
-                       "split to 1056, columns unrolled": {**_BWD, "unroll": ("c",)},
-                       "split to 1056, steps unrolled": {**_BWD, "unroll": ("jj", "ii")},
+                       "split to 1056, score columns looped": {**_BWD, "unroll_scores": 0},
+                       "split to 1056, score columns written out": {**_BWD, "unroll_scores": 64},
                        "split to 2112": {**_BWD, "fill": 2112},
-                       "decomposed": {**_BWD, "vec4_loads": True, "fill": 0, "fused": False}}
-ATTENTION_PLANS = {"fill 256": {"min_split_keys": 32, "fill": 256, "min_keys": 256, "tiles_2d": False},
-                   "fill 1024": {"min_split_keys": 32, "fill": 1024, "min_keys": 256, "tiles_2d": False},
-                   "fill 1024, from 64 keys": {"min_split_keys": 32, "fill": 1024, "min_keys": 64, "tiles_2d": False},
-                   "fill 2048, from 64 keys": {"min_split_keys": 32, "fill": 2048, "min_keys": 64, "tiles_2d": False},
-                   "fill 512, from 64 keys, [key][vec4] tiles":
-                       {"min_split_keys": 32, "fill": 512, "min_keys": 64, "tiles_2d": True},
-                   "fill 512, from 64 keys, flat tiles (attention default)":
-                       {"min_split_keys": 32, "fill": 512, "min_keys": 64, "tiles_2d": False}}
+                       "decomposed": {**_BWD, "fill": 0, "fused": False}}
+ATTENTION_PLANS = {"fill 256": {"fill": 256, "min_keys": 256},
+                   "fill 1024": {"fill": 1024, "min_keys": 256},
+                   "fill 1024, from 64 keys": {"fill": 1024},
+                   "fill 2048, from 64 keys": {"fill": 2048},
+                   "fill 512, from 64 keys (default)": {}}
 
 
 def _gemm_model(m, k, n, epi):
@@ -178,12 +141,12 @@ def _chain_model(length):
     return b.build(), {"x": rng.standard_normal((4, 16)).astype(np.float32)}
 
 
-def _ours(device, model, inputs):
+def _ours(device, model, inputs, options=None):
     from meganeura.compiler import compile_model
     from meganeura.runtime import Package, Session
     from timing import time_program
 
-    s = Session(device, Package.from_bytes(compile_model(model)))
+    s = Session(device, Package.from_bytes(compile_model(model, options=options)))
     r = time_program(s, "infer", inputs, iters=ITERS, warmup=min(ITERS, 10))
     return (r["gpu_ms"] or 0.0) * 1e3, r["dispatches"]
 
@@ -220,31 +183,23 @@ def _torch_us(fn):
     return time_torch(fn, iters=ITERS, warmup=10)["gpu_ms"] * 1e3
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="out/bench")
-    ap.add_argument("--smoke", action="store_true", help="two small cases, three runs each (CPU rasterisers)")
-    ap.add_argument("--big-only", action="store_true", help="only the GEMMs on 128-tiles; no attention")
-    ap.add_argument("--attention-backward-only", action="store_true", help="only the attention backward cases")
-    ap.add_argument("--conv-only", action="store_true", help="only ResNet-50's 3x3 convolutions and their gradients")
-    ap.add_argument("--gemms-only", action="store_true", help="every GEMM and convolution case; no attention")
-    ap.add_argument("--plans", nargs="*", help="only the plans (GEMM, attention, attention backward) whose "
-                    "names contain one of these")
-    args = ap.parse_args(argv)
+def _select_cases(args, ap):
+    """Narrow the module's plans and cases to what the flags ask for."""
+    global GEMMS, ATTENTIONS, ITERS
     if args.plans:
         for plans in (GEMM_PLANS, ATTENTION_PLANS, ATTENTION_BWD_PLANS):
             for name in [n for n in plans if not any(p in n for p in args.plans)]:
                 del plans[name]
         if not (GEMM_PLANS or ATTENTION_PLANS or ATTENTION_BWD_PLANS):
             ap.error(f"no plan's name contains any of {args.plans}")
-    global GEMMS, ATTENTIONS, ITERS
     if args.big_only:
+        from meganeura.compiler import CompileOptions
         from meganeura.compiler.codegen.gemm import gemm_plan
 
         def conv(g):
             return g[3].startswith("conv")
-        GEMMS = [g for g in GEMMS if gemm_plan(g[1] if conv(g) else g[0], g[0] * g[2] ** 2 if conv(g) else g[2],
-                                               g[1], 1, conv(g))[0] == 128]
+        GEMMS = [g for g in GEMMS if gemm_plan(CompileOptions().gemm, g[1] if conv(g) else g[0],
+                                               g[0] * g[2] ** 2 if conv(g) else g[2], g[1], 1, conv(g))[0] == 128]
         ATTENTIONS = []
         ATTENTION_BACKWARDS[:] = []
     if args.gemms_only:
@@ -258,7 +213,83 @@ def main(argv=None):
     if args.smoke:
         ATTENTION_BACKWARDS[:] = [(1, 2, 40, 30, 8)]
         GEMMS, ATTENTIONS, ITERS = [(33, 40, 20, "gelu"), (20, 600, 30, "bias"), (1, 4, 6, "conv3x3")], [(1, 2, 40, 300, 8)], 3
-    from meganeura.compiler.codegen import attention as codegen_attention, gemm as codegen_gemm
+
+
+def _forward_rows(device, cuda: bool) -> list:
+    """A row per GEMM and per attention case: each plan's GPU time, and PyTorch's."""
+    from meganeura.compiler import CompileOptions
+
+    rows = []
+    for m, k, n, epi in GEMMS if GEMM_PLANS else []:
+        model, inputs = _gemm_model(m, k, n, epi)
+        row = {"case": f"gemm {m}x{k}x{n} +{epi}", "plans": {}}
+        for name, plan in GEMM_PLANS.items():
+            row["plans"][name] = _ours(device, model, inputs, CompileOptions().replace(gemm=plan))
+        if cuda:
+            row["torch_us"] = _torch_us(_torch_gemm(inputs["x"], {**model.params, **inputs}, epi))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    for shape in ATTENTIONS if ATTENTION_PLANS else []:
+        model, inputs = _attention_model(*shape)
+        row = {"case": f"attention {shape}", "plans": {}}
+        for name, plan in ATTENTION_PLANS.items():
+            row["plans"][name] = _ours(device, model, inputs, CompileOptions().replace(attention=plan))
+        if cuda:
+            row["torch_us"] = _torch_us(_torch_attention(inputs))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def _backward_rows(device, cuda: bool) -> list:
+    """A row per attention backward case: each plan's GPU time (forward included), and PyTorch's."""
+    from meganeura.compiler import CompileOptions
+    from meganeura.compiler.ir import ops_layers
+
+    rows = []
+    saved_l = {k: getattr(ops_layers, k) for k in ("BACKWARD_BUDGET", "SCORES_IN_MEMORY_MAX", "SCORES_PARAM_SHARE")}
+    for shape in ATTENTION_BACKWARDS if ATTENTION_BWD_PLANS else []:
+        row = {"case": f"attention_backward {shape} (forward included)", "plans": {}}
+        for name, plan in ATTENTION_BWD_PLANS.items():
+            plan = dict(plan)
+            budget, fused = plan.pop("budget"), plan.pop("fused")
+            ops_layers.BACKWARD_BUDGET = budget
+            # the gradient rule picks fused or decomposed as the graph is built: force it
+            ops_layers.SCORES_IN_MEMORY_MAX = 0 if fused else float("inf")
+            ops_layers.SCORES_PARAM_SHARE = 0 if fused else float("inf")
+            model, inputs = _attention_backward_model(*shape)
+            row["plans"][name] = _ours(device, model, inputs, CompileOptions().replace(attention_backward=plan))
+        for k, v in saved_l.items():
+            setattr(ops_layers, k, v)
+        if cuda:
+            row["torch_us"] = _torch_us(_torch_attention_backward(inputs))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def _dispatch_floor(device) -> dict:
+    """The time a dependent dispatch costs (a chain of tiny matmuls, 1 and 64 long)."""
+    floor = {}
+    for length in (1, 64):
+        us, n = _ours(device, *_chain_model(length))
+        floor[length] = (us, n)
+    per = (floor[64][0] - floor[1][0]) / max(1, floor[64][1] - floor[1][1])
+    return {"case": "dispatch floor", "us_per_dependent_dispatch": per, "one_dispatch_pass_us": floor[1][0]}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="out/bench")
+    ap.add_argument("--smoke", action="store_true", help="two small cases, three runs each (CPU rasterisers)")
+    ap.add_argument("--big-only", action="store_true", help="only the GEMMs on 128-tiles; no attention")
+    ap.add_argument("--attention-backward-only", action="store_true", help="only the attention backward cases")
+    ap.add_argument("--conv-only", action="store_true", help="only ResNet-50's 3x3 convolutions and their gradients")
+    ap.add_argument("--gemms-only", action="store_true", help="every GEMM and convolution case; no attention")
+    ap.add_argument("--plans", nargs="*", help="only the plans (GEMM, attention, attention backward) whose "
+                    "names contain one of these")
+    args = ap.parse_args(argv)
+    _select_cases(args, ap)
     from meganeura.runtime.device import default_device
 
     device = default_device()
@@ -269,59 +300,8 @@ def main(argv=None):
         cuda = torch.cuda.is_available()
     except ImportError:
         cuda = False
-    rows, saved_g, saved_a = [], dict(codegen_gemm.GEMM_PLAN), dict(codegen_attention.ATTENTION_PLAN)
-    for m, k, n, epi in GEMMS if GEMM_PLANS else []:
-        model, inputs = _gemm_model(m, k, n, epi)
-        row = {"case": f"gemm {m}x{k}x{n} +{epi}", "plans": {}}
-        for name, plan in GEMM_PLANS.items():
-            codegen_gemm.GEMM_PLAN.update(plan)
-            row["plans"][name] = _ours(device, model, inputs)
-        codegen_gemm.GEMM_PLAN.update(saved_g)
-        if cuda:
-            row["torch_us"] = _torch_us(_torch_gemm(inputs["x"], {**model.params, **inputs}, epi))
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    codegen_gemm.GEMM_PLAN.update(saved_g)
-    for shape in ATTENTIONS if ATTENTION_PLANS else []:
-        model, inputs = _attention_model(*shape)
-        row = {"case": f"attention {shape}", "plans": {}}
-        for name, plan in ATTENTION_PLANS.items():
-            codegen_attention.ATTENTION_PLAN.update(plan)
-            row["plans"][name] = _ours(device, model, inputs)
-        if cuda:
-            row["torch_us"] = _torch_us(_torch_attention(inputs))
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    codegen_attention.ATTENTION_PLAN.update(saved_a)
-    from meganeura.compiler.ir import ops_layers
-
-    saved_b = dict(codegen_attention.ATTENTION_BWD_PLAN)
-    saved_l = {k: getattr(ops_layers, k) for k in ("BACKWARD_BUDGET", "SCORES_IN_MEMORY_MAX", "SCORES_PARAM_SHARE")}
-    for shape in ATTENTION_BACKWARDS if ATTENTION_BWD_PLANS else []:
-        row = {"case": f"attention_backward {shape} (forward included)", "plans": {}}
-        for name, plan in ATTENTION_BWD_PLANS.items():
-            plan = dict(plan)
-            budget, fused = plan.pop("budget"), plan.pop("fused")
-            codegen_attention.ATTENTION_BWD_PLAN.update(plan)
-            ops_layers.BACKWARD_BUDGET = budget
-            # the gradient rule picks fused or decomposed as the graph is built: force it
-            ops_layers.SCORES_IN_MEMORY_MAX = 0 if fused else float("inf")
-            ops_layers.SCORES_PARAM_SHARE = 0 if fused else float("inf")
-            model, inputs = _attention_backward_model(*shape)
-            row["plans"][name] = _ours(device, model, inputs)
-        codegen_attention.ATTENTION_BWD_PLAN.update(saved_b)
-        for k, v in saved_l.items():
-            setattr(ops_layers, k, v)
-        if cuda:
-            row["torch_us"] = _torch_us(_torch_attention_backward(inputs))
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    floor = {}
-    for length in (1, 64):
-        us, n = _ours(device, *_chain_model(length))
-        floor[length] = (us, n)
-    per = (floor[64][0] - floor[1][0]) / max(1, floor[64][1] - floor[1][1])
-    rows.append({"case": "dispatch floor", "us_per_dependent_dispatch": per, "one_dispatch_pass_us": floor[1][0]})
+    rows = _forward_rows(device, cuda) + _backward_rows(device, cuda)
+    rows.append(_dispatch_floor(device))
     print(json.dumps(rows[-1]), flush=True)
     totals = {}
     for r in rows:

@@ -30,11 +30,11 @@ def _timed(cls, names, acc):
                 acc.setdefault("spans", {}).setdefault(_k, []).append((t - acc.get("t0", t), time.perf_counter() - acc.get("t0", t)))
                 if _k == "_pipeline":  # (self, index, kernel): which kernels the driver is slow on
                     acc.setdefault("kernels", []).append((acc[_k][-1], a[2].get("label", ""), len(a[2]["wgsl"]),
-                                                          _kind(a[2]["wgsl"])))
+                                                          kernel_kind(a[2]["wgsl"])))
         setattr(cls, k, g)
 
 
-def _kind(wgsl: str) -> str:
+def kernel_kind(wgsl: str) -> str:
     """Which family a kernel is (the driver's compile time differs by an order of magnitude)."""
     return "gemm 8x8/thread" if "acc0l" in wgsl else "gemm quick" if "quick_a[" in wgsl else \
         "gemm 4x4/thread" if "a_tile" in wgsl else \
@@ -66,23 +66,38 @@ def apply_session_flags(args) -> None:
         session_module.BIND_GROUP_THREADS = args.bind_group_threads
 
 
-def compiled_packages(only):
+def compile_options(plan=(), lift_sizes: bool = True, quick_divisors: bool = True):
+    """CompileOptions from a benchmark's flags: `plan`, GEMM plan settings as KEY=INT strings
+    (ValueError for a key the plan has not)."""
+    from meganeura.compiler import CompileOptions
+
+    defaults = CompileOptions().gemm
+    gemm = {}
+    for setting in plan:
+        key, value = setting.split("=")
+        if key not in defaults:
+            raise ValueError(f"{setting}: the GEMM plan has no {key!r} (keys: {sorted(defaults)})")
+        gemm[key] = type(defaults[key])(int(value))
+    return CompileOptions(lift_sizes=lift_sizes, quick_divisors=quick_divisors).replace(gemm=gemm)
+
+
+def compiled_packages(only, options=None):
     """(name, package file) for each workload whose name contains one of `only` (all when None),
-    compiled as bench/run.py does; each file is removed once the caller moves on."""
+    compiled as bench/run.py does (with `options`); each file is removed once the caller moves on."""
     from meganeura.compiler import compile_model
 
     for name, build, train in _workloads():
         if only and not any(o.lower() in name.lower() for o in only):
             continue
         path = Path(tempfile.mkdtemp()) / "p.mnpk"
-        path.write_bytes(compile_model(build(), train, share_scratch=True))
+        path.write_bytes(compile_model(build(), train, share_scratch=True, options=options))
         try:
             yield name, path
         finally:
             path.unlink()
 
 
-def main(argv=None):
+def _parser():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--threads", nargs="*", type=int, default=[8])
@@ -92,30 +107,84 @@ def main(argv=None):
     ap.add_argument("--unchecked", action="store_true", help="Session(shader_checks=False)")
     ap.add_argument("--device-class", default=None, help="Session(device_class=...): 'cpu' makes the CPU variants")
     ap.add_argument("--plan", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="GEMM_PLAN settings for the compile, e.g. k_unroll_long=2")
+                    help="GEMM plan settings for the compile (CompileOptions.gemm), e.g. k_unroll_long=2")
     ap.add_argument("--from-path", action="store_true",
                     help="the first Session made from the file (read while it compiles; session_s includes it)")
     ap.add_argument("--quick-start", action="store_true",
                     help="Session(quick_start=True): session_s until its quick tier runs, tuned_s until the tuned kernels "
                          "do; timeline is the first tier's, the pipeline sums and families cover both tiers")
-    ap.add_argument("--quick-keep-divisors", action="store_true", help="lift_sizes.QUICK_DIVISORS = False")
+    ap.add_argument("--quick-keep-divisors", action="store_true", help="CompileOptions(quick_divisors=False)")
     ap.add_argument("--warm-driver", action="store_true",
                     help="make a few pipelines, layouts and a buffer first, as a game has by the time it loads a model "
                          "(driver_start.py)")
     ap.add_argument("--out", default="out/bench")
-    args = ap.parse_args(argv)
-    from meganeura.compiler.codegen import lift_sizes
+    return ap
+
+
+def _one_load(dev, name: str, path, threads: int, attempt: str, args, options, originals: dict) -> dict:
+    """Load `path` once (a first or second attempt, the driver's cache then warm), each of the
+    Session's phases timed: the row of the results."""
     from meganeura.runtime import Package, Session
+    from meganeura.runtime import session as session_module
 
-    lift_sizes.ENABLED = not args.no_lift_sizes
-    lift_sizes.QUICK_DIVISORS = not args.quick_keep_divisors
-    from meganeura.compiler.codegen.gemm_plan import GEMM_PLAN
+    acc = {}
+    for k, f in originals.items():
+        setattr(Session, k, f)
+    _timed(Session, list(originals), acc)
+    t = time.perf_counter()
+    pkg = path if args.from_path and attempt == "first" else Package.load(path)
+    t1 = acc["t0"] = time.perf_counter()
+    s = Session(dev, pkg, device_class=args.device_class, shader_checks=not args.unchecked,
+                quick_start=args.quick_start)
+    pkg = s.package
+    t2 = time.perf_counter()
+    tier, first_kernels = s.tier, len(s.kernels)
+    # each phase's first start and last end within the first tier (seconds since the Session began)
+    # (first start, last end, calls, their summed seconds)
+    timeline = {k: (round(min(a for a, _ in v), 4), round(max(b for a, b in v if b <= t2 - t1), 4),
+                    sum(b <= t2 - t1 for _, b in v), round(sum(b - a for a, b in v if b <= t2 - t1), 4))
+                for k, v in acc.get("spans", {}).items() if any(b <= t2 - t1 for _, b in v)}
+    s.wait_tuned()
+    tuned = time.perf_counter() - t1
+    kernels = len(s.kernels)
+    per_kernel = sorted(acc.get("_pipeline", []))
+    row = {"workload": name, "lift_sizes": options.lift_sizes, "threads": threads, "plan": args.plan, "from_path": args.from_path and attempt == "first", "checks": not args.unchecked, "device_class": s.device_class,
+           "upload_threads": s.upload_threads, "bind_group_threads": session_module.BIND_GROUP_THREADS,
+           "attempt": attempt, "tier": tier, "quick_divisors": options.quick_divisors, "first_tier_kernels": first_kernels, "tuned_s": tuned,
+           "timeline": timeline,
+           "package_mb": pkg.raw_size / 2**20, "kernels": kernels,
+           "dispatches": sum(len(p) for p in s.programs.values()),
+           "package_load_s": t1 - t, "session_s": t2 - t1,
+           **{f"{k.strip('_')}_s": sum(v) for k, v in acc.items() if k not in ("_pipeline", "_bind_group", "kernels", "spans", "t0")},
+           "bind_groups": len(acc.get("_bind_group", [])),
+           "pipeline_ms_median": 1e3 * per_kernel[len(per_kernel) // 2] if per_kernel else None,
+           "pipeline_ms_max": 1e3 * per_kernel[-1] if per_kernel else None,
+           "pipeline_ms_sum": 1e3 * sum(per_kernel),
+           "slowest_kernels": [(label, round(1e3 * dt, 1), size) for dt, label, size, _ in
+                               sorted(acc.get("kernels", []), reverse=True)[:8]]}
+    families = {}
+    for dt, _, _, kind in acc.get("kernels", []):
+        n, ms = families.get(kind, (0, 0.0))
+        families[kind] = (n + 1, ms + 1e3 * dt)
+    row["families_count_ms"] = {k: (n, round(ms, 1)) for k, (n, ms) in sorted(families.items())}
+    if args.all_kernels:
+        row["kernels_ms"] = [(label, round(1e3 * dt, 2), size, kind)
+                             for dt, label, size, kind in sorted(acc.get("kernels", []), reverse=True)]
+    row["rest_s"] = row["session_s"] - row.get("allocate_s", 0) - row.get("upload_s", 0)  # waits for the threads
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    s.close()
+    return row
 
-    for setting in args.plan:
-        key, value = setting.split("=")
-        if key not in GEMM_PLAN:
-            ap.error(f"--plan {setting}: GEMM_PLAN has no {key!r}")
-        GEMM_PLAN[key] = type(GEMM_PLAN[key])(int(value))
+
+def main(argv=None):
+    ap = _parser()
+    args = ap.parse_args(argv)
+    from meganeura.runtime import Session
+
+    try:
+        options = compile_options(args.plan, not args.no_lift_sizes, not args.quick_keep_divisors)
+    except ValueError as e:
+        ap.error(f"--plan {e}")
     from meganeura.runtime import session as session_module
     from meganeura.runtime.device import default_device
 
@@ -128,58 +197,11 @@ def main(argv=None):
     # (_upload, not _write: the writes run on threads, and their sum is no time anyone waits)
     originals = {k: getattr(Session, k) for k in ("_allocate", "_upload", "_pipeline", "_bind_group")}
     rows = []
-    for name, path in compiled_packages(args.only):
+    for name, path in compiled_packages(args.only, options):
         for threads in args.threads:
             session_module.LOAD_THREADS = threads
             for attempt in ("first", "second"):
-                acc = {}
-                for k, f in originals.items():
-                    setattr(Session, k, f)
-                _timed(Session, list(originals), acc)
-                t = time.perf_counter()
-                pkg = path if args.from_path and attempt == "first" else Package.load(path)
-                t1 = acc["t0"] = time.perf_counter()
-                s = Session(dev, pkg, device_class=args.device_class, shader_checks=not args.unchecked,
-                            quick_start=args.quick_start)
-                pkg = s.package
-                t2 = time.perf_counter()
-                tier, first_kernels = s.tier, len(s.kernels)
-                # each phase's first start and last end within the first tier (seconds since the Session began)
-                # (first start, last end, calls, their summed seconds)
-                timeline = {k: (round(min(a for a, _ in v), 4), round(max(b for a, b in v if b <= t2 - t1), 4),
-                                sum(b <= t2 - t1 for _, b in v), round(sum(b - a for a, b in v if b <= t2 - t1), 4))
-                            for k, v in acc.get("spans", {}).items() if any(b <= t2 - t1 for _, b in v)}
-                s.wait_tuned()
-                tuned = time.perf_counter() - t1
-                kernels = len(s.kernels)
-                per_kernel = sorted(acc.get("_pipeline", []))
-                row = {"workload": name, "lift_sizes": lift_sizes.ENABLED, "threads": threads, "plan": args.plan, "from_path": args.from_path and attempt == "first", "checks": not args.unchecked, "device_class": s.device_class,
-                       "upload_threads": s.upload_threads, "bind_group_threads": session_module.BIND_GROUP_THREADS,
-                       "attempt": attempt, "tier": tier, "quick_divisors": lift_sizes.QUICK_DIVISORS, "first_tier_kernels": first_kernels, "tuned_s": tuned,
-                       "timeline": timeline,
-                       "package_mb": pkg.raw_size / 2**20, "kernels": kernels,
-                       "dispatches": sum(len(p) for p in s.programs.values()),
-                       "package_load_s": t1 - t, "session_s": t2 - t1,
-                       **{f"{k.strip('_')}_s": sum(v) for k, v in acc.items() if k not in ("_pipeline", "_bind_group", "kernels", "spans", "t0")},
-                       "bind_groups": len(acc.get("_bind_group", [])),
-                       "pipeline_ms_median": 1e3 * per_kernel[len(per_kernel) // 2] if per_kernel else None,
-                       "pipeline_ms_max": 1e3 * per_kernel[-1] if per_kernel else None,
-                       "pipeline_ms_sum": 1e3 * sum(per_kernel),
-                       "slowest_kernels": [(label, round(1e3 * dt, 1), size) for dt, label, size, _ in
-                                           sorted(acc.get("kernels", []), reverse=True)[:8]]}
-                families = {}
-                for dt, _, _, kind in acc.get("kernels", []):
-                    n, ms = families.get(kind, (0, 0.0))
-                    families[kind] = (n + 1, ms + 1e3 * dt)
-                row["families_count_ms"] = {k: (n, round(ms, 1)) for k, (n, ms) in sorted(families.items())}
-                if args.all_kernels:
-                    row["kernels_ms"] = [(label, round(1e3 * dt, 2), size, kind)
-                                         for dt, label, size, kind in sorted(acc.get("kernels", []), reverse=True)]
-                row["rest_s"] = row["session_s"] - row.get("allocate_s", 0) - row.get("upload_s", 0)  # waits for the threads
-                print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
-                rows.append(row)
-                s.close()
-                del s, pkg
+                rows.append(_one_load(dev, name, path, threads, attempt, args, options, originals))
     for k, f in originals.items():
         setattr(Session, k, f)
     out = Path(args.out)

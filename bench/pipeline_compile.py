@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load_profile import _kind, compiled_packages  # noqa: E402
+from load_profile import compile_options, compiled_packages, kernel_kind  # noqa: E402
 
 
 def plain_store(wgsl: str, tag: int) -> str | None:
@@ -71,26 +71,18 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", default=["ResNet-50 224 (b16"])
     ap.add_argument("--plan", nargs="*", default=[], metavar="KEY=INT",
-                    help="codegen_gemm.GEMM_PLAN settings to compile with (e.g. k_unroll=1 store4=0)")
+                    help="GEMM plan settings to compile with (CompileOptions.gemm, e.g. k_unroll=1 k_unroll_small=1)")
     ap.add_argument("--no-lift-sizes", action="store_true", help="each size variant a kernel of its own")
     ap.add_argument("--checked-only", action="store_true", help="each kernel once, as a Session makes it (no probes)")
     ap.add_argument("--variant", default="gpu", choices=("gpu", "cpu", "quick"),
                     help="which kernels: the GPU's, CPU rasterisers', or the quick tier's (Session(quick_start=True))")
-    ap.add_argument("--quick-keep-divisors", action="store_true", help="lift_sizes.QUICK_DIVISORS = False")
+    ap.add_argument("--quick-keep-divisors", action="store_true", help="CompileOptions(quick_divisors=False)")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
-    from meganeura.compiler.codegen import lift_sizes
-
-    lift_sizes.QUICK_DIVISORS = not args.quick_keep_divisors
-    from meganeura.compiler.codegen.gemm import GEMM_PLAN
-
-    lift_sizes.ENABLED = not args.no_lift_sizes
-
-    for setting in args.plan:
-        key, value = setting.split("=")
-        if key not in GEMM_PLAN:
-            ap.error(f"GEMM_PLAN has no {key!r}")
-        GEMM_PLAN[key] = type(GEMM_PLAN[key])(int(value))
+    try:
+        options = compile_options(args.plan, not args.no_lift_sizes, not args.quick_keep_divisors)
+    except ValueError as e:
+        ap.error(f"--plan {e}")
     from meganeura.runtime import Package
     from meganeura.runtime.device import default_device
     from meganeura.runtime.native import shader_module
@@ -105,13 +97,13 @@ def main(argv=None):
         return 1e3 * (time.perf_counter() - t)
 
     rows = []
-    for name, path in compiled_packages(args.only):
+    for name, path in compiled_packages(args.only, options):
         m = Package.load(path).manifest
         used = sorted(kernels_of(m, args.variant))
         per = []
         for i in used:
             k = m["kernels"][i]
-            row = {"label": k["label"], "kind": _kind(k["wgsl"]), "chars": len(k["wgsl"]),
+            row = {"label": k["label"], "kind": kernel_kind(k["wgsl"]), "chars": len(k["wgsl"]),
                    "checked_ms": made(k["wgsl"], True),
                    "unchecked_ms": None if args.checked_only else made(k["wgsl"], False)}
             for probe, transform in ({} if args.checked_only else PROBES).items():
@@ -137,7 +129,7 @@ def main(argv=None):
                     s[f"{probe}_before_ms"] = s.get(f"{probe}_before_ms", 0.0) + r["checked_ms"]
                     s[f"{probe}_checked_ms"] = s.get(f"{probe}_checked_ms", 0.0) + r[f"{probe}_checked_ms"]
         summary = {"workload": name, "plan": args.plan, "variant": args.variant,
-                   "quick_divisors": lift_sizes.QUICK_DIVISORS, "lift_sizes": lift_sizes.ENABLED, "kernels": len(per), "families": sums,
+                   "quick_divisors": options.quick_divisors, "lift_sizes": options.lift_sizes, "kernels": len(per), "families": sums,
                    "checked_ms": sum(r["checked_ms"] for r in per), "unchecked_ms": None if args.checked_only else sum(r["unchecked_ms"] for r in per)}
         print(json.dumps(summary), flush=True)
         rows.append({**summary, "per_kernel": per})

@@ -117,6 +117,7 @@ def write_package(out: Path, data: bytes) -> None:
 
 def cmd_compile(args) -> int:
     from .compile import compile_model
+    from .options import CompileOptions
     from .onnx_import import load_onnx
 
     if not args.train:
@@ -143,8 +144,10 @@ def cmd_compile(args) -> int:
         if refusal:
             close()
             return _refuse(refusal)
+        # the command owns its process: checksums on threads may shorten the GIL's switch interval
+        options = CompileOptions(weights=args.weights, host_switch_interval=2e-4)
         data = compile_model(model, train, source={"kind": "onnx", "file": src.name}, progress=step,
-                             weights=args.weights)
+                             options=options)
     except Exception as exc:  # expected ones (ValueError, NotImplementedError...) and bugs: one line
         close()
         if _debugging():

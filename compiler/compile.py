@@ -59,7 +59,7 @@ def _without_cyclic_gc(fn):
 
 
 def _options(options: CompileOptions | None, **legacy) -> CompileOptions:
-    """`options`, or the defaults, with the keyword arguments compile_model always took."""
+    """`options`, or the defaults, with compile_model's shorthand keyword arguments applied."""
     options = options or DEFAULT
     given = {k: v for k, v in legacy.items() if v is not None}
     return options.replace(**given) if given else options

@@ -146,13 +146,13 @@ class Loader:
         # a gigabyte of weights at hand is written from now on, while this thread makes the other buffers
         # once every check has passed; other weights once every buffer is made (a file being read: not
         # behind its read)
-        early = bool(self.first) and pkg._weights_at_hand()
+        early = bool(self.first) and pkg.weights_at_hand()
         if not early:
             self._other_buffers(made)
         if stop.is_set():  # (the load failed meanwhile)
             return
         with self.objects.guard("uploading the weights"):  # (a mapped file's checked beside it: nothing runs first)
-            pkg._while_checked(lambda weights: self._upload(
+            pkg.while_checked(lambda weights: self._upload(
                 weights, dict(made), (lambda: self._other_buffers(made)) if early else None), stop)
 
     def _other_buffers(self, made: dict) -> None:

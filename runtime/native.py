@@ -80,8 +80,9 @@ def bind_group(device, layout, buffers, label: str = ""):
 def raw_calls():
     """wgpu-native's own C entry points for the three per-dispatch calls, or None. Through
     wgpu-py each call costs microseconds of CPU (argument checks, an ffi array per
-    set_bind_group, error capture around every call); the C calls cost a fraction of that. Skipping the capture loses nothing: wgpu-core stores errors made while encoding
-    a pass and reports them at its end(), which still goes through wgpu-py."""
+    set_bind_group, error capture around every call); the C calls cost a fraction of that.
+    Skipping the capture loses nothing: wgpu-core stores errors made while encoding a pass and
+    reports them at its end(), which still goes through wgpu-py."""
     try:
         from wgpu.backends.wgpu_native._ffi import ffi, lib
 

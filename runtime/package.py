@@ -30,7 +30,7 @@ from .format import (  # noqa: F401  (importers take them from here too)
 from .manifest_checks import check_layout, check_programs, validate_manifest  # noqa: F401  (validate_manifest: tests)
 from .manifest_fields import fail
 from .records import BufferPlan, Manifest, parse_manifest, parse_plan
-from .threads import FileReader, OnThread, Stoppable, run_on_threads  # noqa: F401  (importers take it from here)
+from .threads import FileReader, OnThread, Stoppable
 from .weights_blob import check_blob, header_end, weight_views, weights_layout
 from .workgroup_memory import workgroup_bytes  # noqa: F401  (importers take it from here too)
 
@@ -114,7 +114,7 @@ class Package:
             fail(f"cannot read package {self._mapping[1]}: the file was cut short to {self._mapping[0].size()} "
                   f"bytes (of {self.raw_size}) while mapped; replace a package by a rename, not by writing into it")
 
-    def _while_checked(self, use, stop=None) -> None:
+    def while_checked(self, use, stop=None) -> None:
         """use(weights): for a mapped file beside a check of their bytes, then that check's
         verdict (PackageError: damaged weights) before it returns; `stop` (an Event), once set,
         ends the check and this, unverified (the Session that asked has failed)."""
@@ -129,12 +129,12 @@ class Package:
             raise
         self._passed(checks, stop)
 
-    def _weights_at_hand(self) -> bool:
-        """Whether `_while_checked` hands the weights over without waiting for the file to be read:
+    def weights_at_hand(self) -> bool:
+        """Whether `while_checked` hands the weights over without waiting for the file to be read:
         in memory, or mapped (their bytes checked beside their use)."""
         return self._reading is None or self._checks is not None
 
-    def _abandon(self) -> None:
+    def abandon(self) -> None:
         """Stop reading a file's weights that nobody will upload (a Session that failed to load)."""
         if self._reading is not None:
             self._cancel.set()

@@ -3,12 +3,15 @@ nothing after the checks reads the msgpack maps by string.
 
 In two parts, as the checks are: a BufferPlan (buffers, tensors, what the device must offer), which
 making and filling the buffers needs; then the Manifest (kernels, programs, batch, training) around it.
+Records are frozen dataclasses; the small values that key dictionaries (a binding, a launch, a
+layout's or a bind group's key) are named tuples: thousands are made and hashed at each load.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,7 +28,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     buffer: int
     offset: int = 0
-    init: str | None = None  # zeros or blob; None for an output
+    init: str | None = None  # zeros or blob (an output's says nothing: "none", or absent)
     program: str | None = None  # an output's program
     grouped: bool = False  # placed at an offset of its own: a parameter group's member, sharing a buffer
 
@@ -43,8 +46,7 @@ class TensorInfo:
         return self.count * self.np_dtype.itemsize
 
 
-@dataclass(frozen=True, slots=True)
-class LayoutKey:
+class LayoutKey(NamedTuple):
     """What a bind group layout depends on: each storage binding's access, and how many lifted sizes
     the kernel reads from its uniform buffer (runtime/lifted_sizes.py)."""
 
@@ -65,8 +67,7 @@ class KernelInfo:
         return self.layout.access
 
 
-@dataclass(frozen=True, slots=True)
-class Binding:
+class Binding(NamedTuple):
     """A dispatch's storage binding: a buffer whole (size None), or `size` bytes of it from `offset`."""
 
     buffer: int
@@ -74,8 +75,7 @@ class Binding:
     size: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Launch:
+class Launch(NamedTuple):
     """What a variant of a dispatch sets: its kernel, its workgroup count and its lifted sizes."""
 
     kernel: int
@@ -98,8 +98,7 @@ class Dispatch:
         return self.variants.get(variant, self.launch)
 
 
-@dataclass(frozen=True, slots=True)
-class BindGroupKey:
+class BindGroupKey(NamedTuple):
     """What a bind group depends on: its layout, its bindings and the slice of lifted sizes it binds
     (pooled scratch makes many dispatches bind alike: they share one group)."""
 
@@ -209,8 +208,8 @@ def parse_manifest(m: dict, plan: BufferPlan | None = None) -> Manifest:
     plan = plan if plan is not None else parse_plan(m)
     kernels = tuple(KernelInfo(k["wgsl"], k["entry"], k.get("label", ""), tuple(k["workgroup_size"]),
                                LayoutKey(tuple(k["access"]), k.get("lifted", 0))) for k in m["kernels"])
-    bindings = {}  # (buffer, range) -> its Binding: one object for the many dispatches binding alike
-    programs = {name: _program(name, p, plan.tensors, bindings) for name, p in m["programs"].items()}
+    bound = {}  # a dispatch's buffers (bound whole) -> its bindings: one tuple for the many that bind alike
+    programs = {name: _program(name, p, plan.tensors, bound) for name, p in m["programs"].items()}
     train = m.get("training")
     training = None if train is None else Training(train["loss"], train["optimizer"], train["lr"],
                                                    tuple(train["frozen"]))
@@ -218,24 +217,30 @@ def parse_manifest(m: dict, plan: BufferPlan | None = None) -> Manifest:
     return Manifest(plan, kernels, programs, None if batch is None else batch["size"], training)
 
 
-def _program(name: str, p: dict, tensors: tuple, bindings: dict) -> Program:
+def _program(name: str, p: dict, tensors: tuple, bound: dict) -> Program:
     dispatches = []
     for d in p["dispatches"]:
-        ranges = d.get("ranges") or (None,) * len(d["buffers"])
-        bound = []
-        for b, r in zip(d["buffers"], ranges):
-            key = (b, None) if r is None else (b, r[0], r[1])
-            binding = bindings.get(key)
-            if binding is None:
-                binding = bindings[key] = Binding(b) if r is None else Binding(b, r[0], r[1])
-            bound.append(binding)
-        variants = {cls: _launch(v) for cls, v in d["variants"].items()} if "variants" in d else {}
-        dispatches.append(Dispatch(_launch(d), tuple(bound), variants))
+        ranges = d.get("ranges")
+        if ranges is None:
+            buffers = tuple(d["buffers"])
+            bindings = bound.get(buffers)
+            if bindings is None:
+                bindings = bound[buffers] = tuple(Binding(b) for b in buffers)
+        else:
+            bindings = tuple(Binding(b) if r is None else Binding(b, r[0], r[1]) for b, r in zip(d["buffers"], ranges))
+        lifted = d.get("lifted")
+        launch = Launch(d["kernel"], tuple(d["workgroups"]), tuple(lifted) if lifted else ())
+        variants = d.get("variants")
+        dispatches.append(Dispatch(launch, bindings, {cls: _launch(v) for cls, v in variants.items()} if variants
+                                   else _NO_VARIANTS))
     return Program(name, {k: tensors[i] for k, i in p["inputs"].items()},
                    {k: tensors[i] for k, i in p["outputs"].items()}, tuple(dispatches), p["scratch_peak_bytes"],
                    p.get("row_mask"))
 
 
-def _launch(d: dict) -> Launch:
-    lifted = d.get("lifted")
-    return Launch(d["kernel"], tuple(d["workgroups"]), tuple(lifted) if lifted else ())
+_NO_VARIANTS = {}  # (shared by every dispatch without variants: never written)
+
+
+def _launch(v: dict) -> Launch:
+    lifted = v.get("lifted")
+    return Launch(v["kernel"], tuple(v["workgroups"]), tuple(lifted) if lifted else ())

@@ -1,7 +1,7 @@
 """A Session: one package on one wgpu device, ready to run or record its programs.
 
-Everything that costs (buffers, shader modules, pipelines, bind groups) is made once, when it is
-made (runtime/loader.py; with quick_start, the tuned pipelines on threads after it: runtime/tiers.py;
+Everything that costs (buffers, shader modules, pipelines, bind groups) is made once, at load
+(runtime/loader.py; with quick_start, the tuned pipelines on threads after it: runtime/tiers.py;
 a training package's training state just after it: runtime/training_state.py); running a program
 then only encodes set_pipeline / set_bind_group / dispatch per kernel. The host can record a
 program (or a range of its dispatches) into its own command encoder, between its render passes.
@@ -79,7 +79,7 @@ class Session(SessionWeights):
                 self._load(package, device, _progress)
             except BaseException:
                 if opened:  # nobody will upload its weights: their read stops
-                    package._abandon()
+                    package.abandon()
                 raise
         finally:
             release()

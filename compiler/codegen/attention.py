@@ -5,13 +5,13 @@ the backward's loops follow the schedule's plans (options.attention, options.att
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from ...runtime.package import QUICK
 from ..ir.ops_layers import attention_scale, backward_blocks
 from ..passes.records import Kernel, Schedule, base_of
-from .common import Bindings, KernelCode, WG, grid, per_output, strides_of, tile_type
+from .common import WG, Bindings, KernelCode, grid, per_output, strides_of, tile_type
 from .lift_sizes import LOOPED
 from .wgsl import f32_literal, render
 
@@ -139,9 +139,9 @@ def _looped_head(dv4: int, split: int, out: bool, lse: bool, row_of: str | None,
     else:
         store = [f"        let o = ((split * {heads}u + bh) * S + row) * {4 * dv4 + 2}u;", "        part[o] = m;",
                  "        part[o + 1u] = l;",
-                 f"        {each} {{\n            let a = acc[c];\n"
-                 "            part[o + 2u + 4u * c] = a.x; part[o + 3u + 4u * c] = a.y; "
-                 "part[o + 4u + 4u * c] = a.z; part[o + 5u + 4u * c] = a.w;\n        }"]
+                 (f"        {each} {{\n            let a = acc[c];\n"
+                  "            part[o + 2u + 4u * c] = a.x; part[o + 3u + 4u * c] = a.y; "
+                  "part[o + 4u + 4u * c] = a.z; part[o + 5u + 4u * c] = a.w;\n        }")]
     return {**parts, "STORE": "\n".join(store)}
 
 
@@ -183,7 +183,7 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
         return attention_backward(sched, k)
     r_out, r_lse = roots.get("attention"), roots.get("attention_lse")
     n = g.nodes[k.roots[0]]
-    q, kk, v = (g.nodes[i] for i in n.inputs)
+    q, kk = g.nodes[n.inputs[0]], g.nodes[n.inputs[1]]
     b, h, s, d = q.shape
     hk, t = kk.shape[1], kk.shape[2]
     dv4 = d // 4

@@ -160,7 +160,7 @@ def ew_code(sched: Schedule, members, roots, bind: "Bindings", given: dict | Non
     coords, body, reads, body_coords = {}, [], {}, []
     uses_prelude = False
     # values are named by order of appearance, not node id: the same chain in every layer
-    # is one WGSL text, so one kernel and one pipeline (node ids made 12 copies of each)
+    # is one WGSL text, so one kernel and one pipeline (named by node id, each layer's would differ)
     names = {} if names is None else names
 
     def nm(m):

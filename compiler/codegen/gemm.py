@@ -8,14 +8,25 @@ consumers may run in the store (epilogues).
 from __future__ import annotations
 
 import re
-from functools import lru_cache
-from typing import Mapping
+from collections.abc import Mapping
+from functools import cache
 
 import numpy as np
 
 from ...runtime.package import QUICK
 from ..passes.records import Kernel, Schedule, base_of
-from .common import Bindings, KernelCode, MAX_GROUPS, WG, as_vec4, ew_code, grid, per_output, strides_of, tile_type
+from .common import (
+    MAX_GROUPS,
+    WG,
+    Bindings,
+    KernelCode,
+    as_vec4,
+    ew_code,
+    grid,
+    per_output,
+    strides_of,
+    tile_type,
+)
 from .gemm_store import store4_body
 from .wgsl import render, template
 
@@ -135,7 +146,7 @@ def _vec4_common(common: str, decls: str, contract: dict, modes, vec4) -> str:
 
 # ---- 64- and 32-tiles (igemm.wgsl): 4x4 outputs per thread on TG x TG threads
 
-@lru_cache(maxsize=None)
+@cache
 def inner_step(tg: int) -> str:
     """igemm.wgsl's written-out K step (16 k) for TG x TG threads."""
     return "\n".join(

@@ -66,7 +66,7 @@ def _count_nonfinite(sched: Schedule, k: Kernel):
     """The NaN guard's count of non-finite elements over several tensors (a step's gradients),
     as sums over their elements one after the other: a pass (two when split) per
     COUNT_GROUP bindings, not a reduction each (686 for SD-1.5). Gradients placed in an
-    arena (compiler/arenas.py) are read as ranges of it, one binding for each run of them
+    arena (passes/arenas.py) are read as ranges of it, one binding for each run of them
     with no padding between. The count ignores order, so each tensor is read as it lies;
     several passes add up theirs."""
     g = sched.graph
@@ -123,8 +123,9 @@ def _count_pass(sched, spans, store):
         lines.append("    return 0.0;")
     load = "fn load(which: u32, idx: u32) -> f32 {\n" + "\n".join(lines) + "\n}"
     red = max(start, 1)
-    # one count over up to millions of elements: a workgroup per COUNT_SLICE of them (up to 8,192;
-    # reduce_split's ~2,000 workgroups of 64 threads left SD-1.5's 3.4 GB at 0.5 TB/s)
+    # one count over up to millions of elements: a workgroup per COUNT_SLICE of them (up to 8,192:
+    # reduce_split's ~2,000 leave bandwidth unused over gigabytes of gradients; bench/REJECTED.md:
+    # long reductions in fewer workgroups)
     split = 1 if red < 2 * COUNT_SLICE else min(red // COUNT_SLICE, 8192)
     split = -(-red // -(-red // split))  # no empty slice
     out_bind = bind if split == 1 else Bindings(sched)

@@ -2,7 +2,7 @@
 
 A package's kernels often differ only in their u32 literals (ResNet-50's training step: 34 AdamW
 update kernels, one per parameter-group size; reductions, split-K sums, elementwise chains), and
-the driver compiles each text apart (NVIDIA: ~10 ms each, 3 ms even from its cache) on a game's
+the driver compiles each text apart (NVIDIA's: ~10 ms each, ~3 ms even from its cache) on a game's
 first launch.
 `lift` groups the kernels whose texts match once their liftable literals are blanked, writes one
 kernel per family in which the literals that differ between its members are read from a uniform
@@ -11,11 +11,12 @@ buffer (`mn_sizes`, bound after the storage buffers), and gives each dispatch it
 
 A literal stays written in where WGSL needs a constant (`const`, `const_assert` and `override`
 statements, attributes, `array<...>` sizes, `case` labels) and in a divisor (see _fixed); a
-family whose members differ there is not one family. Kernels with private or function-scope arrays are left alone (a runtime index into one is
-a 60x trap on NVIDIA; the quick tier lifts those marked LOOPED, indexed at run time anyway), and so are the templates marked FIXED: the tiled GEMMs and attention,
-whose inner loops divide by their sizes (by a constant, a multiply and a shift; by a uniform, a
-long division). Literals with other suffixes or none stay; the quick tier (quick_tier) also lifts
-f32(...) literals and typed i32 ones (`3i`, wgsl.i32_literal).
+family whose members differ there is not one family. Kernels with private or function-scope
+arrays are left alone (a runtime index into one is a 60x trap on NVIDIA; the quick tier lifts
+those marked LOOPED, indexed at run time anyway), and so are the templates marked FIXED: the
+tiled GEMMs and attention, whose inner loops divide by their sizes (by a constant, a multiply and
+a shift; by a uniform, a long division). Literals with other suffixes or none stay; the quick
+tier (quick_tier) also lifts f32(...) literals and typed i32 ones (`3i`, wgsl.i32_literal).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from ..options import DEFAULT, CompileOptions
 
 FIXED = "// Sizes stay written in (compiler/lift_sizes.py)"  # a template's mark (igemm_common, attention*)
 # a quick-tier kernel's mark: its private arrays are indexed at run time anyway (slower to run,
-# faster to compile: codegen_attention's looped heads), so the quick tier lifts it all the same
+# faster to compile: codegen/attention.py's looped heads), so the quick tier lifts it all the same
 LOOPED = "// Private arrays indexed in loops on purpose (compiler/lift_sizes.py)"
 NAME = "mn_sizes"
 

@@ -1,16 +1,16 @@
-"""The quick tier's kernels merged into fewer pipelines: one text holds several kernels that bind
-the same buffers the same way, and a lifted value (the selector) picks which one a dispatch runs.
+"""The quick tier's kernels merged into fewer pipelines.
 
-NVIDIA's driver spends 5 ms or more on any pipeline, however small, before the kernel's own code:
-SD-1.5's first tier as 113 pipelines took 1.83 s of driver time one at a time, as 60 merged ones
-1.45 s (7 ms less for each pipeline merged away; H200, session 19). A merged kernel pays that once
-for several. Each member's entry function is written inline in one `case` of a switch on the
-selector (a uniform: the dispatch takes one branch, and a member's barriers stay in uniform
-control flow); its other module-scope names get a prefix of their own (mnq<member>_), its storage
-bindings the merged kernel's names (mn_b<binding>), and workgroup variables declared alike are
-shared (mnw<n>_: one member runs per dispatch). Members are binned, largest first, up to
-MERGE_CHARS of text per merged kernel: the driver compiles one pipeline on one thread, and a first
-launch compiles on 16.
+One text holds several kernels that bind the same buffers the same way, and a lifted value (the
+selector) picks which one a dispatch runs. NVIDIA's driver spends 5 ms or more on any pipeline,
+however small, before the kernel's own code; a merged kernel pays that once for several.
+
+Each member's entry function is written inline in one `case` of a switch on the selector (a
+uniform: the dispatch takes one branch, and a member's barriers stay in uniform control flow); its
+other module-scope names get a prefix of their own (mnq<member>_), its storage bindings the merged
+kernel's names (mn_b<binding>), and workgroup variables declared alike are shared (mnw<n>_: one
+member runs per dispatch). Members are binned, largest first, up to MERGE_CHARS of text per merged
+kernel: the driver compiles one pipeline on one thread, and a first launch compiles several at
+once, one per thread.
 """
 from __future__ import annotations
 

@@ -10,10 +10,10 @@ Groups are the GEMM's batch dimension.
 """
 from __future__ import annotations
 
-from .common import Bindings, KernelCode, WG, grid, per_output
-from .gemm import igemm
 from ..ir.ops_nn import conv_attrs, pool_attrs
 from ..passes.records import Kernel, Schedule, base_of
+from .common import WG, Bindings, KernelCode, grid, per_output
+from .gemm import igemm
 from .wgsl import i32_literal as _i
 
 
@@ -69,8 +69,8 @@ def conv(sched: Schedule, k: Kernel) -> KernelCode:
 def _transposed_by_phase(sched, n, r, x, w, s, p, groups) -> list:
     """A strided convolution's data gradient as s_y * s_x dense GEMMs, one per output phase:
     the output pixels (oy + p) = phase (mod s) take exactly the taps ky = phase (mod s). Over
-    all taps, 3 of 4 of a stride-2 kernel's reads landed between gy's pixels and were zeros
-    (ResNet-50's stride-2 input gradients ran at 4-7 TFLOP/s). A phase without taps is zeros."""
+    all taps, 3 of 4 of a stride-2 kernel's reads would land between gy's pixels and read zeros
+    (bench/REJECTED.md). A phase without taps is zeros."""
     g = sched.graph
     nb, cin, h, wd = x
     _, og, kh, kw = w
@@ -197,7 +197,7 @@ def pool(sched: Schedule, k: Kernel) -> KernelCode:
     first = None
     if n.op == "max_pool2d_grad":
         # first pass: each window's first maximum (its input pixel within the plane, -1: none),
-        # found once; recomputed per covering pixel, ResNet-50's stem gradient took 0.85 ms
+        # found once, not per covering pixel (bench/REJECTED.md: max-pool gradient)
         arg = sched.new_temp()
         pre = Bindings(sched)
         tx0 = pre.use(base_of(g, n.inputs[0]))
@@ -268,8 +268,8 @@ def gather(sched: Schedule, k: Kernel) -> KernelCode:
     # scatter_add, deterministic and without atomics: the table zeroed; a thread per index links
     # it to the next index of the same row and marks the first of each row; a thread per (first
     # index, column) sums its row's values along the links, in index order. (A thread per column
-    # over the whole table took 2.1 ms of SmolLM2's step; scanning every index per (index,
-    # column) grows with count^2 x columns.)
+    # walks the whole table; scanning every index per (index, column) grows with count^2 x
+    # columns: bench/REJECTED.md.)
     idx = g.nodes[n.inputs[1]]
     rows = n.shape[0]
     inner = n.size // max(rows, 1)

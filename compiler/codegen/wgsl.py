@@ -16,8 +16,8 @@ def template(name: str) -> str:
 
 @lru_cache(maxsize=None)
 def _pieces(name: str) -> tuple:
-    """The template split at its holes: text, hole, text, ... (split once, not per render:
-    8,000 renders with a regex callback per hole cost 0.03-0.7 s of an SD-size compile)."""
+    """The template split at its holes: text, hole, text, ... (split once, not per render: a
+    large compile renders thousands of times, and a regex callback per hole adds up)."""
     parts = _HOLE.split(template(name))
     return tuple(parts), frozenset(parts[1::2])
 
@@ -41,7 +41,7 @@ def _filled(parts: tuple, holes: frozenset, what: str, values: dict) -> str:
 
 def i32_literal(v: int) -> str:
     """A WGSL i32 literal, typed (`-3i`): where a size or offset enters i32 arithmetic, the quick
-    tier may read it from a uniform (compiler/lift_sizes.py), which an untyped one would not allow."""
+    tier may read it from a uniform (codegen/lift_sizes.py), which an untyped one would not allow."""
     v = int(v)
     return f"{v}i" if v > -(1 << 31) else f"i32({v})"  # (-2147483648i itself is out of range: its digits are)
 

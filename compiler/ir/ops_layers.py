@@ -239,8 +239,8 @@ def _d_attention(e, n):
 # bytes, or at most SCORES_PARAM_SHARE of the graph's parameter bytes (a training step holds
 # four times those anyway: weights, gradients, AdamW's two moments); past both, the fused
 # kernels recompute them block by block and never hold them. The decomposition is the faster
-# of the two at every size, but the rule is per attention and the scheduler may hold several
-# layers' scores at once: past these limits the memory costs more than the time saved
+# of the two at every size measured, but the rule is per attention and the scheduler may hold
+# several layers' scores at once: past these limits the memory costs more than the time saved
 # (bench/REJECTED.md: attention backward: 16-byte loads, 48 KiB blocks).
 SCORES_IN_MEMORY_MAX = 16 << 20
 SCORES_PARAM_SHARE = 0.25

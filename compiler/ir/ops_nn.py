@@ -1,7 +1,7 @@
-"""Op table rows for neural-network layers: convolution, pooling, normalisation,
-embedding, attention, resizing, and tensor plumbing (slice, pad, concat, where).
+"""Op table rows for neural-network layers: convolution, pooling, embedding, activations.
 
-Same contract as compiler/ops.py (each op one row: shape rule, numpy reference,
+Also tensor plumbing (slice, pad, concat, where); normalisation, attention and resizing are
+in ops_layers.py. Same contract as ops.py (each op one row: shape rule, numpy reference,
 gradient rule, lowering). Layers that are sums and products of simpler rows lower by
 decomposition, and their gradient is the decomposition's gradient.
 """

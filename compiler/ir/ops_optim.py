@@ -1,14 +1,13 @@
-"""Optimizer rows: AdamW's moment and weight updates as elementwise ops, and the NaN
-guard's count of non-finite gradient elements.
+"""Optimizer rows: AdamW's updates and the NaN guard's count of non-finite gradient elements.
 
-Written as add/mul/div nodes, AdamW and the NaN guard's selects took ~21 graph nodes per
-parameter: 60% of an SD-1.5 training graph and of its compile time. As rows they are
-three, and the scheduler still fuses them into one kernel per parameter (one per parameter
-group once compiler/arenas.py widens them).
+AdamW's moment and weight updates are elementwise ops. Written as add/mul/div nodes, they and
+the NaN guard's selects would take ~21 graph nodes per parameter, most of a large training
+graph and of its compile time; as rows they are three, and the scheduler still fuses them into
+one kernel per parameter (one per parameter group once passes/arenas.py widens them).
 
 Each takes the step's `ok` flag last (1: the loss and every gradient are finite) and
-yields its old value where ok is 0, as the guard's `where` did: a bad batch changes nothing.
-The arithmetic is the one the nodes spelled out, in the same order.
+yields its old value where ok is 0, as a guarding `where` would: a bad batch changes nothing.
+The arithmetic is that of the equivalent add/mul/div nodes, in the same order.
 """
 from __future__ import annotations
 

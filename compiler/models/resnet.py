@@ -5,7 +5,7 @@ Parameter names are torchvision's state_dict names (conv1.weight, bn1.*, layer1.
 layer1.0.downsample.0.weight, layer1.0.downsample.1.*, ..., fc.weight, fc.bias), so a
 torchvision checkpoint loads by name. Batch-norm running statistics are parameters marked
 frozen: the infer program uses them (eval mode); a training step normalises with the batch's
-statistics and updates them (compiler/training.py's train_mode, as torch's train()).
+statistics and updates them (ir/training.py's train_mode, as torch's train()).
 Bottleneck blocks stride in their 3x3 convolution (torchvision's "ResNet v1.5").
 """
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The weights blob (safetensors) and the package bytes around it, made on threads.
 
-At SD-1.5 size the blob is 3.4 GB, and on the 2-core development VM producing it was
-half of compiling: a checksum over every byte, and fresh memory for the package (first
-touch of a page, not the copy, is what costs: ~1 s per 3.4 GB and core). So:
+A large model's blob is gigabytes, and producing it can be half of compiling: a checksum
+over every byte, and fresh memory for the package (the first touch of a page, not the copy,
+is what costs). So:
 - the checksum is a CRC-32 per 16 MiB chunk (`CHUNK`), computed on threads while the
   compiler still schedules (`Blob.start_checksums`), and at load verified in parallel. It
   guards against damage (truncation, flipped bits), not forgery: anyone who can edit a
-  package can recompute any checksum stored in it. (CRC-32 runs at 4.2 GB/s per core
-  here, sha256 at 1.8.)
+  package can recompute any checksum stored in it. (CRC-32 is faster than sha256 and splits
+  over cores: bench/REJECTED.md, whole-blob sha256 streamed on a thread.)
 - the package's bytes object is reserved and its pages touched on a thread from the start
   of a compile (`Reservation`), at an estimated size; at the end it is resized in place
   to the exact length and filled by plain copies.
@@ -170,7 +170,7 @@ class Blob:
 
 
 _PAGE = 4096
-_MADV_POPULATE_WRITE = 23  # Linux 5.14+: the kernel faults the pages in, 3x faster than touching them
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+: the kernel faults the pages in, faster than touching them
 try:
     _madvise = ctypes.CDLL(None, use_errno=True).madvise
     _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)

@@ -298,12 +298,12 @@ def _writable(code, slots):
 def _pack_by_lifetime(first: dict, last: dict, size_of, new_buffer, buffers, pool=()) -> dict:
     """Storage -> buffer. Largest tensors first, each into the first buffer none of whose
     tensors is alive at the same time (so a buffer is as big as its first tensor), else a
-    new buffer. Placing in time order and growing buffers to fit left 10-20% of the bytes
-    unused (Whisper-tiny training: 34 of 303 MB)."""
+    new buffer. Placing in time order and growing buffers to fit leaves more bytes unused
+    (bench/REJECTED.md: other orders for packing scratch into whole buffers)."""
     placed = {}
     # per buffer: [buffer, bytes, the dispatches it is busy in as a bit mask]; `pool`: other
     # programs' buffers, free here. (Bit masks, not sorted interval lists: one AND per try
-    # instead of a bisect, 0.4 s -> 0.1 s over an SD-size training step's ~10,000 tensors.)
+    # instead of a bisect, over the ~10,000 tensors of a large training step.)
     spans = [[b, buffers[b], 0] for b in sorted(pool, key=lambda b: -buffers[b])]
     size = {s: size_of(s) for s in first}
     order = {s: (-size[s], first[s], 0, s, ()) if isinstance(s, int) else (-size[s], first[s], 1, 0, s)

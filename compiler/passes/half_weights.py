@@ -45,8 +45,8 @@ def half_weights(graphs) -> set:
     values = {name: next((g.values[name] for g in graphs if g.values.get(name) is not None), None)
               for name in sorted(names)}  # (no value: the package writer names the parameter)
     values = {name: v for name, v in values.items() if v is not None}
-    # rounded once, on threads (numpy's casts release the GIL: SD-1.5's 860 M values took seconds
-    # on one); the graphs then hold the values the package stores
+    # rounded once, on threads (numpy's casts release the GIL, and a large model's hundreds of
+    # millions of values take seconds on one); the graphs then hold the values the package stores
     with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
         halves = dict(zip(values, pool.map(lambda v: _close_half(np.asarray(v, np.float32)), values.values())))
     for name, half in halves.items():

@@ -1,6 +1,8 @@
-"""Rewrites that run before scheduling: decompositions, reductions over scattered axes,
-pointwise convolutions as matmuls, common subexpressions and dead nodes. Each one keeps the interpreter's answer (tests
-check interpreter(before) == interpreter(after) on random inputs).
+"""Rewrites that run before scheduling, each keeping the interpreter's answer.
+
+Decompositions, reductions over scattered axes, pointwise convolutions as matmuls, common
+subexpressions and dead nodes. Tests check interpreter(before) == interpreter(after) on
+random inputs.
 """
 from __future__ import annotations
 

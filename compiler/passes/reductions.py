@@ -12,13 +12,13 @@ def reduce_split(outer: int, red: int, inner: int, roots: int = 1) -> int:
     """Slices of the reduced axis, each reduced by its own threads before a second pass
     combines them, when one thread (columns) or one workgroup (rows) per output would
     leave the GPU mostly idle walking a long axis (bias and norm-weight gradients: a few
-    hundred outputs over thousands of rows, 0.1 ms each, half of a training step)."""
+    hundred outputs over thousands of rows, which unsplit take much of a training step)."""
     if by_rows(red, inner):  # a workgroup per (row, slice), >= 2048 elements each
         if red < 4096:
             return 1
-        # ~2,000 workgroups: the NaN guard counts over up to 8 whole gradients (SD-1.5: up to
-        # 118 M elements); 64 slices left the H200 at a fifth of its bandwidth. Batch norm's
-        # statistics over [16, 256, 56, 56] are 256 rows of 50,176: unsplit, 8.6 ms a ResNet-50 step
+        # ~2,000 workgroups for long rows (batch norm's statistics over [16, 256, 56, 56] are 256
+        # rows of 50,176): fewer leave the GPU's bandwidth unused (bench/REJECTED.md: long
+        # reductions in fewer workgroups)
         s = min(-(-2048 // (outer * roots)), red // 2048, 1024)
     else:  # columns: a thread per (output, slice), >= 32 rows each
         if outer * inner * roots >= 32768 or red < COLUMNS_SPLIT_FROM:
@@ -28,12 +28,13 @@ def reduce_split(outer: int, red: int, inner: int, roots: int = 1) -> int:
     return -(-red // -(-red // s))  # no empty slice
 
 
-# column reductions over fewer rows than this run unsplit: one pass, a thread per output (from
-# 512 instead: DINOv2's step 10.1 -> 17.0 ms, bench/REJECTED.md)
+# column reductions over fewer rows than this run unsplit: one pass, a thread per output
+# (bench/REJECTED.md: column reductions over up to 512 rows unsplit)
 COLUMNS_SPLIT_FROM = 64
 
 # below this many outputs, a split reduction's combining pass is reduce_rows over the slices (a
-# workgroup per output): one thread summing 1,024 partials took 68 us per NaN-guard count
+# workgroup per output): one thread summing a thousand partials is slow (bench/REJECTED.md: long
+# reductions in fewer workgroups)
 PARTIALS_BY_ROWS = 128
 
 

@@ -234,8 +234,8 @@ class _Grouping:
     def absorb(self, target, ext) -> None:
         """Other elementwise kernels of the same size join `target` when neither waits for the
         other: those whose outputs it reads, and those reading the same stored tensor (AdamW's
-        m, v and weight updates of one parameter, each reading its gradient, were 2-3 kernels;
-        a root joins only one kernel as it is placed)."""
+        m, v and weight updates of one parameter, each reading its gradient, would otherwise be
+        2-3 kernels: a root joins only one kernel as it is placed)."""
         graph, nodes, kernels, kernel_of = self.graph, self.nodes, self.kernels, self.kernel_of
         anc_k, users_k, sharing = self.anc_k, self.users_k, self.sharing
         kt = kernels[target]
@@ -310,7 +310,7 @@ def _waiting(users_k, *ks) -> set:
 def _keep_in_registers(graph, kernels, users, live, pinned):
     """A root whose every reader is computed in its own kernel (and nowhere else) needs no
     buffer: AdamW's new m and v, read by the weight update and the NaN guard's select in the
-    same kernel, were each a parameter-sized tensor (226 MB at SmolLM2's tied embedding)."""
+    same kernel, would each be a parameter-sized tensor (226 MB at SmolLM2's tied embedding)."""
     owner = {}
     for k, ker in enumerate(kernels):
         for x in ker.members | set(ker.roots):

@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from meganeura.compiler import Builder, compile_graph, compile_model
+from meganeura.compiler import Builder, CompileOptions, compile_graph, compile_model
+from meganeura.compiler.codegen.kernels import generate
 from meganeura.compiler.ir import ops_layers
 from meganeura.compiler.ir.autodiff import gradients
-from meganeura.compiler.codegen.kernels import generate
 from meganeura.compiler.passes.prepare import prepare
 from meganeura.compiler.passes.schedule import schedule
 from meganeura.runtime import Package, Session
@@ -58,7 +58,7 @@ def _labels(pkg):
     return [pkg.manifest["kernels"][d["kernel"]]["label"] for d in pkg.programs["infer"]["dispatches"]]
 
 
-def _run(device, qs, ks, at, wrt="qkv", seed=0):
+def _run(device, qs, ks, at, wrt="qkv", seed=0, options=None):
     """Forward and the gradients w.r.t. `wrt` of sum(attention * ct): (ours, torch's, labels)."""
     rng = np.random.default_rng(seed)
     b = Builder()
@@ -72,7 +72,7 @@ def _run(device, qs, ks, at, wrt="qkv", seed=0):
     vals = {"q": rng.standard_normal(qs), "k": rng.standard_normal(ks), "v": rng.standard_normal(ks),
             "ct": rng.standard_normal(o.shape)}
     vals = {n: x.astype(np.float32).astype(np.float64) for n, x in vals.items()}
-    pkg = Package.from_bytes(compile_graph(b.g))
+    pkg = Package.from_bytes(compile_graph(b.g, options=options))
     got = Session(device, pkg).run("infer", vals)
     t = {n: torch.tensor(vals[n], requires_grad=n in wrt) for n in "qkv"}
     to = _torch_attention(t["q"], t["k"], t["v"], **at)
@@ -81,30 +81,20 @@ def _run(device, qs, ks, at, wrt="qkv", seed=0):
     return got, ref, _labels(pkg)
 
 
-def _split_loops(monkeypatch, split):
-    """Cut the backward kernels' loops into chunks of one block each (partial sums, then a sum
-    pass), as codegen_attention does for long sequences over few workgroups; or not at all."""
-    from meganeura.compiler.codegen import attention as codegen_attention
-
-    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "fill", 0)  # whole loops
-    if split:
-        monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "fill", 1 << 20)
-        monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "min_blocks", 1)
-        monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "max_chunks", 3)
+def _split_loops(split: bool) -> CompileOptions:
+    """Options cutting the backward kernels' loops into chunks of one block each (partial sums,
+    then a sum pass), as codegen/attention.py does for long sequences over few workgroups; or
+    not at all."""
+    chunks = {"fill": 1 << 20, "min_blocks": 1, "max_chunks": 3} if split else {"fill": 0}
+    return CompileOptions().replace(attention_backward=chunks)
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["whole_loops", "split_loops"])
-@pytest.mark.parametrize("vec4", [False, True], ids=["scalar_loads", "vec4_loads"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_fused_backward_matches_torch(name, vec4, split, device, monkeypatch):
-    """Both ways the kernels read q, k, v, o and dO (codegen_attention.ATTENTION_BWD_PLAN), with
-    their loops whole or cut into chunks."""
-    from meganeura.compiler.codegen import attention as codegen_attention
-
-    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "vec4_loads", vec4)
-    _split_loops(monkeypatch, split)
+def test_fused_backward_matches_torch(name, split, device):
+    """The fused kernels with their loops whole or cut into chunks."""
     qs, ks, at = CASES[name]
-    got, ref, labels = _run(device, qs, ks, at)
+    got, ref, labels = _run(device, qs, ks, at, options=_split_loops(split))
     assert any(lab.startswith("attention_dq") for lab in labels) and any(lab.startswith("attention_dkv")
                                                                           for lab in labels), labels
     if split and name in ("causal-gqa-20x700-d8", "full-b3-257-d64", "causal-gqa3-257-d64"):  # several blocks
@@ -114,34 +104,7 @@ def test_fused_backward_matches_torch(name, vec4, split, device, monkeypatch):
     assert max(errors.values()) <= TOL, errors
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["whole_loops", "split_loops"])
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_fused_backward_with_tiles_indexed_by_row_then_column(name, split, device, monkeypatch):
-    """ATTENTION_BWD_PLAN["tiles_2d"] (the default): every workgroup tile of both backward
-    kernels declared [row][column], in a Session with its default checks; the same answers,
-    and the same workgroup bytes as the flat tiles (which run here too)."""
-    from meganeura.compiler.codegen import attention as codegen_attention
-    from meganeura.runtime.package import workgroup_bytes
-
-    _split_loops(monkeypatch, split)
-    qs, ks, at = CASES[name]
-    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "tiles_2d", True)
-    two = _kernels(qs, ks, at)
-    backward = [lab for lab in two if lab.startswith(("attention_dq", "attention_dkv")) and "/sum" not in lab]
-    assert backward and all("var<workgroup> k_t: array<array<vec4<f32>, " in two[lab] for lab in backward)
-    got, ref, _ = _run(device, qs, ks, at)
-    errors = {k: rel(got[k], r) for k, r in ref.items()}
-    assert max(errors.values()) <= TOL, errors
-    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "tiles_2d", False)
-    flat = _kernels(qs, ks, at)
-    assert all(workgroup_bytes(two[lab]) == workgroup_bytes(flat[lab]) for lab in backward)
-    assert not any("array<array<" in flat[lab] for lab in backward)
-    got, ref, _ = _run(device, qs, ks, at)
-    errors = {k: rel(got[k], r) for k, r in ref.items()}
-    assert max(errors.values()) <= TOL, errors
-
-
-def _kernels(qs, ks, at) -> dict:
+def _kernels(qs, ks, at, options=None) -> dict:
     """Label -> WGSL of the kernels of an attention's forward and gradients (compile only)."""
     b = Builder()
     ins = {"q": b.input("q", qs), "k": b.input("k", ks), "v": b.input("v", ks)}
@@ -149,7 +112,7 @@ def _kernels(qs, ks, at) -> dict:
     grads = gradients(b.e, b.sum(o * b.input("ct", o.shape)).id, [ins[n].id for n in "qkv"])
     for n in "qkv":
         b.g.outputs["g" + n] = grads[ins[n].id]
-    return {k["label"]: k["wgsl"] for k in Package.from_bytes(compile_graph(b.g)).manifest["kernels"]}
+    return {k["label"]: k["wgsl"] for k in Package.from_bytes(compile_graph(b.g, options=options)).manifest["kernels"]}
 
 
 def test_head_dims_past_the_tiles_fall_back_to_the_decomposition(device):
@@ -170,16 +133,12 @@ def test_only_some_gradients(wrt, device):
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["whole_loops", "split_loops"])
-@pytest.mark.parametrize("vec4", [False, True], ids=["scalar_loads", "vec4_loads"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_head_transposes_are_read_and_written_in_place(causal, vec4, split, device, monkeypatch):
+def test_head_transposes_are_read_and_written_in_place(causal, split, device):
     """q, k, v built as [b, t, h, d] and transposed (as every transformer builds them), the output
     transposed back: the backward reads dO and writes dQ, dK, dV through those transposes, the
     forward writes its output through one; no transpose kernel is left. Weight gradients vs torch."""
-    from meganeura.compiler.codegen import attention as codegen_attention
-
-    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "vec4_loads", vec4)
-    _split_loops(monkeypatch, split)
+    options = _split_loops(split)
     rng = np.random.default_rng(3)
     bsz, t, hq, hk, d = 2, 40 if split else 11, 4, 2, 8  # (40: two blocks of keys and of queries)
     b = Builder()
@@ -195,7 +154,7 @@ def test_head_transposes_are_read_and_written_in_place(causal, vec4, split, devi
     grads = gradients(b.e, b.sum(y * ct).id, list(params.values()) + [x.id])
     b.output("y", y)
     b.g.outputs.update({f"g{n}": grads[i] for n, i in params.items()}, gx=grads[x.id])
-    pkg = Package.from_bytes(compile_graph(b.g))
+    pkg = Package.from_bytes(compile_graph(b.g, options=options))
     labels = _labels(pkg)
     assert not any("transpose" in lab for lab in labels), labels
     split = "/split" * split
@@ -217,8 +176,8 @@ def test_head_transposes_are_read_and_written_in_place(causal, vec4, split, devi
 def _train_program(layers, monkeypatch=None):
     """A DINOv2-small-like training step (257 tokens, 6 heads of 64): its dispatch labels, and how
     many of its kernels write a [257 x 257] tensor."""
-    from meganeura.compiler.models.dinov2 import Dinov2Config, dinov2
     from meganeura.compiler.ir.training import TrainConfig, build_training_graph
+    from meganeura.compiler.models.dinov2 import Dinov2Config, dinov2
 
     cfg = Dinov2Config(hidden_size=384, num_hidden_layers=layers, num_attention_heads=6, image_size=518, patch_size=14)
     g = prepare(build_training_graph(dinov2(cfg, batch=1, height=224, width=224).graph,
@@ -252,8 +211,8 @@ def test_training_graph_has_no_token_by_token_tensors(monkeypatch):
 def test_compiled_training_package_runs_a_step(device):
     """compile_model's train_step with the fused backward: one AdamW step on a tiny DINOv2 lowers
     the loss (the whole program, weights updated in place, on the GPU)."""
-    from meganeura.compiler.models.dinov2 import Dinov2Config, dinov2
     from meganeura.compiler.ir.training import TrainConfig
+    from meganeura.compiler.models.dinov2 import Dinov2Config, dinov2
 
     cfg = Dinov2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, image_size=28, patch_size=14)
     pkg = Package.from_bytes(compile_model(dinov2(cfg, batch=2, height=28, width=42),
@@ -310,29 +269,29 @@ def test_every_kernel_declares_workgroup_memory_the_runtime_can_size(name):
     assert None not in sizes.values(), sizes
     assert all(v <= 32768 for lab, v in sizes.items() if lab.startswith(("attention_dq", "attention_dkv"))), sizes
     assert all(v <= 256 * qs[-1] + 1024 for lab, v in sizes.items() if lab == "attention"), sizes
+    # the backward's tiles are [row][column]: wgpu's bounds checks clamp a row once per loop step
+    backward = [k["wgsl"] for k in kernels if k["label"].startswith(("attention_dq", "attention_dkv"))
+                and "/sum" not in k["label"]]
+    assert backward and all("var<workgroup> k_t: array<array<vec4<f32>, " in w for w in backward)
 
 
-@pytest.mark.parametrize("unroll", [(), ("c",), ("jj",), ("ii",), ("c", "jj", "ii"), "flat"],
-                         ids=["loops", "columns", "dq_steps", "dkv_steps", "all", "loops_flat_tiles"])
+@pytest.mark.parametrize("unroll_scores", [4, 0, 16])
 @pytest.mark.parametrize("name", ["full-b3-257-d64", "full-b2-9x11-d40"])
-def test_loops_written_out_or_kept(name, unroll, device, monkeypatch):
-    """ATTENTION_BWD_PLAN["unroll"]: the score tile's column loop (where a thread's share of the
-    tile is small: d = 64's 16 x 16 threads, not d = 40's 8 x 8), the dQ steps (jj) and the
-    dK, dV steps (ii) each written out a block per step, or kept as loops (also with flat tiles):
-    the same answers either way."""
-    from meganeura.compiler.codegen import attention as codegen_attention
-
-    if unroll == "flat":
-        monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "tiles_2d", False)
-        unroll = ()
-    monkeypatch.setitem(codegen_attention.ATTENTION_BWD_PLAN, "unroll", unroll)
+def test_score_columns_written_out_or_looped(name, unroll_scores, device):
+    """The attention_backward plan's unroll_scores: the score tile's column loop is written out,
+    a block per step, where a thread's share of the tile is at most that many scores (d = 64's
+    16 x 16 threads hold 2, d = 40's 8 x 8 hold 8), else kept as a loop; the dQ steps (jj)
+    and the dK, dV steps (ii) are always written out. The same answers either way."""
     qs, ks, at = CASES[name]
-    kernels = {lab: w for lab, w in _kernels(qs, ks, at).items() if "/sum" not in lab}
+    options = CompileOptions().replace(attention_backward={"unroll_scores": unroll_scores})
+    kernels = {lab: w for lab, w in _kernels(qs, ks, at, options).items() if "/sum" not in lab}
     dq = [w for lab, w in kernels.items() if lab.startswith("attention_dq")]
     dkv = [w for lab, w in kernels.items() if lab.startswith("attention_dkv")]
-    assert dq and dkv and all(("let c = 0u;" in w) == ("c" in unroll and name.endswith("d64")) for w in dq + dkv)
-    assert all(("let jj = 0u;" in w) == ("jj" in unroll) and "let ii = 0u;" not in w for w in dq)
-    assert all(("let ii = 0u;" in w) == ("ii" in unroll) and "let jj = 0u;" not in w for w in dkv)
-    got, ref, _ = _run(device, qs, ks, at)
+    share = 2 if name.endswith("d64") else 8
+    assert dq and dkv and all(("let c = 0u;" in w) == (share <= unroll_scores) for w in dq + dkv)
+    assert all((f"for (var c = 0u; c < {qs[-1] // 4}u;" in w) == (share > unroll_scores) for w in dq + dkv)
+    assert all("let jj = 0u;" in w and "let ii = 0u;" not in w for w in dq)
+    assert all("let ii = 0u;" in w and "let jj = 0u;" not in w for w in dkv)
+    got, ref, _ = _run(device, qs, ks, at, options=options)
     errors = {k: rel(got[k], r) for k, r in ref.items()}
     assert max(errors.values()) <= TOL, errors

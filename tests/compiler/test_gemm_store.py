@@ -1,11 +1,11 @@
 """store4 (compiler/codegen/gemm_store.py): 4 neighbouring GEMM results stored at once, what they
-share computed once; and the K loop's steps per trip (GEMM_PLAN k_unroll). Checked as text
+share computed once; and the K loop's steps per trip (the GEMM plan's k_unroll). Checked as text
 and against the float64 interpreter in Sessions with wgpu's default checks."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from meganeura.compiler import Builder, compile_model, run_graph
+from meganeura.compiler import Builder, CompileOptions, compile_model, run_graph
 from meganeura.compiler.codegen.gemm_store import store4_body
 from meganeura.runtime import Package, Session
 
@@ -52,8 +52,8 @@ def test_what_store4_cannot_share_falls_back_to_four_stores(store, n):
         f"    store(g, slice, m, n0 + {i}u, v4.{c});" for i, c in enumerate("xyzw")]
 
 
-def _run(model, vals, device, **kw):
-    pkg = Package.from_bytes(compile_model(model))
+def _run(model, vals, device, options=None):
+    pkg = Package.from_bytes(compile_model(model, options=options))
     got = Session(device, pkg, device_class="gpu").run("infer", vals)
     ref = run_graph(model.graph, vals)[0]
     for k, r in ref.items():
@@ -114,18 +114,15 @@ STEPS_CASES = {"128-even": ((2050, 64, 2048), {2, 4}), "128-odd-steps": ((2050, 
 
 @pytest.mark.parametrize("steps", [1, 2, 4])
 @pytest.mark.parametrize("case", list(STEPS_CASES))
-def test_k_steps_per_loop_trip(case, steps, device, monkeypatch):
-    """GEMM_PLAN k_unroll / k_unroll_small: the K loop does `steps` K steps per trip where every
-    split-K slice's steps divide by it (else one), with the same results."""
-    from meganeura.compiler.codegen import gemm as codegen_gemm
-
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "k_unroll", steps)
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "k_unroll_small", steps)
+def test_k_steps_per_loop_trip(case, steps, device):
+    """The GEMM plan's k_unroll / k_unroll_small: the K loop does `steps` K steps per trip where
+    every split-K slice's steps divide by it (else one), with the same results."""
     (m, k, n), takes = STEPS_CASES[case]
     rng = np.random.default_rng(k)
     b = Builder()
     b.output("y", b.input("x", (m, k)) @ b.param("w", rng.standard_normal((k, n)) / np.sqrt(k)))
-    gpu = _run(b.build(), {"x": rng.standard_normal((m, k))}, device)
+    options = CompileOptions().replace(gemm={"k_unroll": steps, "k_unroll_small": steps})
+    gpu = _run(b.build(), {"x": rng.standard_normal((m, k))}, device, options)
     (kernel,) = gpu
     assert ("acc0l" in kernel) == case.startswith("128")
     assert (f"{steps} K steps per loop trip" in kernel) == (steps in takes)
@@ -135,7 +132,7 @@ def test_k_steps_per_loop_trip(case, steps, device, monkeypatch):
 
 @pytest.mark.parametrize("k, steps", [(512, 4), (528, 2), (520, 1), (256, 2)])
 def test_long_k_takes_more_steps_per_trip(k, steps, device):
-    """128-tiles whose slices span GEMM_PLAN long_k (512) or more take k_unroll_long (4) K steps
+    """128-tiles whose slices span the GEMM plan's long_k (512) or more take k_unroll_long (4) K steps
     per trip where they divide the slice, else k_unroll's 2 where those do, else 1."""
     rng = np.random.default_rng(k)
     b = Builder()

@@ -226,23 +226,6 @@ def test_validator_allows_f16_for_parameters_only():
         validate_manifest(m)
 
 
-def test_convolution_reads_half_weights_16_bytes_at_a_time(device, monkeypatch):
-    """With GEMM_PLAN["conv_vec4_weights"] a convolution reads 4 f16 weights (8 bytes) at once."""
-    import torch
-    from meganeura.compiler.codegen import gemm as codegen_gemm
-
-    monkeypatch.setitem(codegen_gemm.GEMM_PLAN, "conv_vec4_weights", True)
-    rng = np.random.default_rng(8)
-    w, x = rng.standard_normal((12, 8, 3, 3)) * 0.2, rng.standard_normal((2, 8, 9, 9))
-    b = Builder()
-    b.output("y", b.conv2d(b.input("x", x.shape), b.param("w", w), padding=(1, 1, 1, 1)))
-    pkg = Package.from_bytes(compile_model(b.build(), weights="f16"))
-    assert any("fn b_at4" in k["wgsl"] for k in pkg.manifest["kernels"])
-    got = Session(device, pkg, device_class="gpu").run("infer", {"x": x.astype(np.float32)})["y"]
-    ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(_half(w).astype(np.float64)), padding=1).numpy()
-    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
-
-
 def test_a_transposed_weight_is_stored_in_order(device):
     """Importers hand over transposed views (ONNX's Gemm with transB=0): stored C-ordered."""
     rng = np.random.default_rng(10)

@@ -3,10 +3,7 @@ kernels; both give the same answers. CI has only lavapipe, so the GPU variants a
 here by asking for them explicitly."""
 import numpy as np
 import pytest
-from kernel_cases import assert_close as _assert_close
-from kernel_cases import conv_with_gradients as _conv_with_gradients
-from kernel_cases import matmul_case as _matmul_case
-from kernel_cases import session as _session
+from kernel_cases import assert_close, conv_with_gradients, matmul_case, session
 from meganeura.compiler import Builder, CompileOptions, compile_model
 from meganeura.runtime import Package, Session
 
@@ -50,7 +47,7 @@ def test_matmul_variants(name, device_class, device):
     a_in, b_in = b.input("a", sa), b.input("b", sb)
     b.output("c", b.matmul(a_in, b_in, trans_a=ta, trans_b=tb))
     pkg = Package.from_bytes(compile_model(b.build()))
-    s = _session(device, pkg, device_class)
+    s = session(device, pkg, device_class)
     A, B = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
     ref = np.matmul(np.swapaxes(A, -1, -2) if ta else A.astype(np.float64), np.swapaxes(B, -1, -2) if tb else B)
     got = s.run("infer", {"a": A, "b": B})["c"]
@@ -64,8 +61,8 @@ def test_matmul_variants(name, device_class, device):
 
 @pytest.mark.parametrize("device_class", ["cpu", "gpu", "quick"])
 def test_conv_gradients_on_both_variants(device_class, device):
-    model, vals, refs = _conv_with_gradients((2, 3, 30, 30), (8, 3, 3, 3), 2, seed=2)
-    _assert_close(_session(device, Package.from_bytes(compile_model(model)), device_class).run(
+    model, vals, refs = conv_with_gradients((2, 3, 30, 30), (8, 3, 3, 3), 2, seed=2)
+    assert_close(session(device, Package.from_bytes(compile_model(model)), device_class).run(
         "infer", vals), refs)
 
 
@@ -75,12 +72,12 @@ def test_k_contiguous_staging_order(tiles, device):
     row): x @ w^T (both operands K-contiguous) with ragged edges on 128-, 64- and 32-tiles,
     against numpy."""
     sa, sb = {"128": ((2050, 36), (2049, 36)), "64": ((1040, 36), (1030, 36)), "32": ((100, 36), (70, 36))}[tiles]
-    model, vals, refs = _matmul_case(sa, sb, tb=True, seed=9)
+    model, vals, refs = matmul_case(sa, sb, tb=True, seed=9)
     pkg = Package.from_bytes(compile_model(model))
     main = [k["wgsl"] for k in pkg.manifest["kernels"] if "fn load_a4(" in k["wgsl"] and "fn load_b4(" in k["wgsl"]]
     assert main and ("acc0l" in main[0]) == (tiles == "128")
     assert ("let aq0 = (tid + 0u) % 2u;" if tiles == "128" else "let qa = e % 4u;") in main[0]
-    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
+    assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
 def _consts(wgsl):
@@ -108,14 +105,14 @@ def test_edge_guards_match_the_tiles(plan):
     import re
 
     options = CompileOptions().replace(gemm={"big_bk": 16} if plan == "big_bk_16" else {})
-    models = [_matmul_case(sa, sb, ta, tb)[0] for sa, sb, ta, tb in [
+    models = [matmul_case(sa, sb, ta, tb)[0] for sa, sb, ta, tb in [
         ((2050, 16), (16, 2048), False, False), ((2048, 16), (16, 2050), False, False),
         ((2048, 24), (24, 2048), False, False), ((2048, 20), (20, 2048), False, False),
         ((2048, 36), (2049, 36), False, True), ((3, 2048, 8), (8, 1024), False, False),
         ((300, 700), (700, 130), False, False), ((1040, 40), (40, 1040), False, False),
         ((128, 1024), (1024, 128), False, False), ((33, 300), (300, 70), False, False),
         ((40, 70), (40, 9), True, False)]]
-    models += [_conv_with_gradients(xs, ws, 1, seed=11)[0] for xs, ws in [
+    models += [conv_with_gradients(xs, ws, 1, seed=11)[0] for xs, ws in [
         ((2, 16, 8, 8), (64, 16, 3, 3)), ((2, 3, 30, 30), (8, 3, 3, 3)), ((2, 4, 128, 128), (128, 4, 3, 3))]]
     seen = set()
     for model in models:
@@ -144,25 +141,25 @@ def test_edge_guards_match_the_tiles(plan):
 @pytest.mark.parametrize("case", ["128_tiles", "64_tiles_split_k", "128_tiles_ragged_k", "conv_grads"])
 def test_whole_tiles_go_unguarded(case, device):
     """Dimensions the GPU kernels' tiles and K steps divide are read and written without edge
-    checks (codegen_gemm.edge_guards; a ragged one keeps its check, the CPU variant all of
+    checks (codegen/gemm.py, edge_guards; a ragged one keeps its check, the CPU variant all of
     them): the answers against numpy / torch, and which checks each kernel kept."""
     if case == "conv_grads":  # the forward: M 64, N 2 x 8 x 8, K 16 x 9 on 32-tiles, whole (its gradients' are not)
-        model, vals, refs = _conv_with_gradients((2, 16, 8, 8), (64, 16, 3, 3), 1, seed=8, w_scale=0.2)
+        model, vals, refs = conv_with_gradients((2, 16, 8, 8), (64, 16, 3, 3), 1, seed=8, w_scale=0.2)
     else:
         sa, sb = {"128_tiles": ((2048, 16), (16, 2048)), "64_tiles_split_k": ((128, 1024), (1024, 128)),
                   "128_tiles_ragged_k": ((2048, 20), (20, 2048))}[case]
-        model, vals, refs = _matmul_case(sa, sb, seed=8)
+        model, vals, refs = matmul_case(sa, sb, seed=8)
     pkg = Package.from_bytes(compile_model(model))
     gemms = [k for k in pkg.manifest["kernels"] if "fn load_a(" in k["wgsl"]]
     cpu = [k for k in gemms if k["label"].endswith("(cpu)")]
     assert cpu and all("if (m >= M || k >= K)" in k["wgsl"] for k in cpu)
-    main = [k for k in gemms if k not in cpu][0]["wgsl"]
+    main = next(k for k in gemms if k not in cpu)["wgsl"]
     if case == "128_tiles_ragged_k":
         assert "acc0l" in main and "if (k >= K)" in main and "m >= M" not in main and "n >= N" not in main
     else:
         assert "m >= M" not in main and "k >= K" not in main and "n >= N" not in main, main[:3000]
         assert ("acc0l" in main) == (case == "128_tiles")
-    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
+    assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
 @pytest.mark.parametrize("case", ["split_k_32_tiles", "conv_grads"])
@@ -171,23 +168,15 @@ def test_small_tiles_stage_without_a_loop(case, device):
     e a constant offset from tid (32-tiles: two entries per thread). A matmul with split-K and
     a convolution with both gradients, on the GPU kernels against numpy / torch."""
     if case == "conv_grads":
-        model, vals, refs = _conv_with_gradients((2, 16, 10, 10), (70, 16, 3, 3), 1, seed=6, w_scale=0.2)
+        model, vals, refs = conv_with_gradients((2, 16, 10, 10), (70, 16, 3, 3), 1, seed=6, w_scale=0.2)
     else:
-        model, vals, refs = _matmul_case((33, 300), (300, 70), seed=6)
+        model, vals, refs = matmul_case((33, 300), (300, 70), seed=6)
     pkg = Package.from_bytes(compile_model(model))
     assert any("let e = tid + 0u;" in k["wgsl"] for k in pkg.manifest["kernels"])
     assert not any("for (var e = tid;" in k["wgsl"] for k in pkg.manifest["kernels"])
     if case != "conv_grads":
         assert any("let e = tid + 64u;" in k["wgsl"] for k in pkg.manifest["kernels"])  # 32-tiles: 2 entries
-    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
-
-
-def _tiles_of_128_case(case: str, seed: int):
-    """(model, inputs, references) for a 128-tile case: a convolution with both gradients
-    ("conv_grads"), a CASES matmul, or a 2050 x 32 @ 32 x 2049 one (K of 4 steps of 8)."""
-    if case == "conv_grads":
-        return _conv_with_gradients((4, 16, 64, 64), (256, 16, 3, 3), 1, seed=seed, w_scale=0.2)
-    return _matmul_case(*CASES.get(case, ((2050, 32), (32, 2049), False, False)), seed=seed)
+    assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
 
 
 @pytest.mark.parametrize("k", [48, 3000, 45])  # plain, split-K (sum kernel runs the epilogue), odd K
@@ -208,7 +197,7 @@ def test_matmul_epilogues(k, device_class, device):
     fused = [kk for kk in schedule(prepare(model.graph)).kernels if kk.epilogue]
     assert len(fused) == 1 and len(fused[0].epilogue) >= 4
     vals = {"x": rng.standard_normal((37, k)), "res": rng.standard_normal((37, 50))}
-    got = _session(device, Package.from_bytes(compile_model(model)), device_class).run("infer", vals)["y"]
+    got = session(device, Package.from_bytes(compile_model(model)), device_class).run("infer", vals)["y"]
     ref = run_graph(model.graph, vals)[0]["y"]
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
 
@@ -229,7 +218,7 @@ def test_fused_attention_both_variants(causal, device_class, device):
     model = b.build()
     assert [kk.kind for kk in schedule(prepare(model.graph)).kernels] == ["attention"]
     vals = {n: rng.standard_normal(s) for n, s in (("q", (2, 4, 70, 16)), ("k", (2, 2, 75, 16)), ("v", (2, 2, 75, 16)))}
-    got = _session(device, Package.from_bytes(compile_model(model)), device_class).run("infer", vals)["o"]
+    got = session(device, Package.from_bytes(compile_model(model)), device_class).run("infer", vals)["o"]
     tq, tk, tv = (torch.tensor(vals[n]) for n in "qkv")
     mask = None
     if causal:  # the last query sees every key (offset T - S), as the op defines it
@@ -280,7 +269,7 @@ def test_quick_attention_loops_over_wide_heads(d, keys, causal, device):
     quick = [k["wgsl"] for k in pkg.manifest["kernels"] if k["label"].startswith("attention (quick")]
     assert len(quick) == 1 and "var acc: array<vec4<f32>" in quick[0], [k["label"] for k in pkg.manifest["kernels"]]
     vals = {n: rng.standard_normal(s) for n, s in shapes.items()}
-    got = _session(device, pkg, "quick").run("infer", vals)["o"]
+    got = session(device, pkg, "quick").run("infer", vals)["o"]
     mask = torch.ones(40, keys, dtype=torch.bool).tril(diagonal=keys - 40) if causal else None
     ref = torch.nn.functional.scaled_dot_product_attention(*(torch.tensor(vals[n]) for n in "qkv"),
                                                            attn_mask=mask).numpy()
@@ -304,7 +293,7 @@ def test_quick_attentions_of_one_width_share_a_lifted_kernel(device):
              and pkg.manifest["kernels"][d["variants"]["quick"]["kernel"]]["label"].startswith("attention")}
     assert len(quick) == 1 and pkg.manifest["kernels"][quick.pop()].get("lifted")
     vals = {n: rng.standard_normal(s) for n, s in shapes.items()}
-    got = _session(device, pkg, "quick").run("infer", vals)
+    got = session(device, pkg, "quick").run("infer", vals)
     for i in "12":
         t = torch.tensor(vals["k" + i])
         ref = torch.nn.functional.scaled_dot_product_attention(torch.tensor(vals["q" + i]), t, t).numpy()
@@ -332,7 +321,7 @@ def test_fused_attention_with_split_keys(causal, device_class, device):
     labels = [pkg.manifest["kernels"][d["kernel"]]["label"] for d in pkg.programs["infer"]["dispatches"]]
     assert labels == ["attention", "attention/merge"], labels
     vals = {n: rng.standard_normal(s) for n, s in shapes.items()}
-    got = _session(device, pkg, device_class).run("infer", vals)["o"]
+    got = session(device, pkg, device_class).run("infer", vals)["o"]
     mask = torch.ones(40, 700, dtype=torch.bool).tril(diagonal=660) if causal else None
     ref = torch.nn.functional.scaled_dot_product_attention(*(torch.tensor(vals[n]) for n in "qkv"),
                                                            attn_mask=mask).numpy()
@@ -357,7 +346,7 @@ def test_attention_reads_head_transposes_in_place(device_class, device):
     kinds = [k.kind for k in schedule(prepare(model.graph)).kernels]
     assert "elementwise" not in kinds and kinds.count("attention") == 1, kinds
     X = rng.standard_normal((2, 11, 24))
-    got = _session(device, Package.from_bytes(compile_model(model)), device_class).run("infer", {"x": X})["o"]
+    got = session(device, Package.from_bytes(compile_model(model)), device_class).run("infer", {"x": X})["o"]
     tx = torch.tensor(X)
     q, k, v = (torch.nn.functional.linear(tx, torch.tensor(model.graph.values[f"{n}.weight"], dtype=torch.float64))
                .view(2, 11, 3, 8)
@@ -383,6 +372,14 @@ def test_convolution_on_128_tiles(device):
     assert np.abs(got["y"] - ref).max() / np.abs(ref).max() < 1e-5
 
 
+def _tiles_of_128_case(case: str, seed: int):
+    """(model, inputs, references) for a 128-tile case: a convolution with both gradients
+    ("conv_grads"), a CASES matmul, or a 2050 x 32 @ 32 x 2049 one (K of 4 steps of 8)."""
+    if case == "conv_grads":
+        return conv_with_gradients((4, 16, 64, 64), (256, 16, 3, 3), 1, seed=seed, w_scale=0.2)
+    return matmul_case(*CASES.get(case, ((2050, 32), (32, 2049), False, False)), seed=seed)
+
+
 @pytest.mark.parametrize("case", ["tiles_of_128_k_contiguous", "tiles_of_128_vec4_rows", "tiles_of_128_transposed",
                                   "tiles_of_128_vec4_k_batched", "tiles_of_128_k_32", "conv_grads"])
 def test_128_tile_rows_by_thread_and_half(case, device):
@@ -401,4 +398,4 @@ def test_128_tile_rows_by_thread_and_half(case, device):
         staged_by_k = "4 k of one row at a time" in code  # (an operand staged 4 k at a time)
         depth = max(line.count("array<") for line in code.splitlines() if line.startswith("var<workgroup>"))
         assert depth == 3 + staged_by_k, code
-    _assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)
+    assert_close(Session(device, pkg, device_class="gpu").run("infer", vals), refs)

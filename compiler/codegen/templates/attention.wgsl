@@ -15,7 +15,7 @@ const REP: u32 = {{REP}}u;
 const DV4: u32 = {{DV4}}u;
 const SCALE: f32 = {{SCALE}};
 const CAUSAL: bool = {{CAUSAL}};
-const TILE: u32 = {{TILE}}u;  // 32, or fewer for wide heads (codegen_attention.SHARED_BUDGET)
+const TILE: u32 = {{TILE}}u;  // 32, or fewer for wide heads (codegen/attention.py, SHARED_BUDGET)
 const SPLIT: u32 = {{SPLIT}}u;  // keys cut into SPLIT ranges of KL, merged by a second kernel
 const KL: u32 = {{KL}}u;
 

@@ -73,7 +73,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             workgroupBarrier();
 {{TILE}}
             workgroupBarrier();
-            // dV += P[ii, :] dO[ii], dK += dS[ii, :] q[ii] for ii < BR: a loop, or a block per ii
+            // dV += P[ii, :] dO[ii], dK += dS[ii, :] q[ii] for ii < BR, a block per ii
 {{DKV_STEPS}}
         }
     }

@@ -85,7 +85,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         workgroupBarrier();
 {{TILE}}
         workgroupBarrier();
-        // dQ += dS[:, jj] k[jj] for jj < BK: a loop, or a block per jj (ATTENTION_BWD_PLAN["unroll"])
+        // dQ += dS[:, jj] k[jj] for jj < BK, a block per jj
 {{DQ_STEPS}}
     }
 {{STORE}}

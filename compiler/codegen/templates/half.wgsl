@@ -1,5 +1,5 @@
 
-// {{NAME}} holds f16 values two to a u32 (compiler/half_weights.py); widened to f32 on load
+// {{NAME}} holds f16 values two to a u32 (passes/half_weights.py); widened to f32 when read
 // with unpack2x16float, core WGSL: no device feature needed
 fn {{NAME}}_at(i: u32) -> f32 {
     let pair = unpack2x16float({{NAME}}[i >> 1u]);

@@ -5,7 +5,7 @@
 // NVIDIA). The operands are never materialised: load_a / load_b compute where each
 // element lives (a strided matrix for matmul; an im2col window for convolutions), and
 // store writes each result (where epilogues go). Edges are guarded where a tile or K step may
-// cross them (codegen_gemm.edge_guards): any M, N, K works.
+// cross them (codegen/gemm.py, edge_guards): any M, N, K works.
 {{COMMON}}
 const TG: u32 = {{TG}}u;
 const TILE: u32 = 4u * TG;

@@ -1,12 +1,12 @@
-// Implicit GEMM, register-blocked variant: a TILE x TILE output tile (128, or 64) per
-// workgroup of TG x TG threads (16 x 16, or 8 x 8), 8x8 outputs per thread in sixteen vec4
+// Implicit GEMM, register-blocked variant: a 128 x 128 output tile per workgroup of
+// 16 x 16 threads, 8x8 outputs per thread in sixteen vec4
 // accumulators (see igemm.wgsl for the contract): twice the multiply-adds per workgroup-memory
 // load of igemm.wgsl's 4x4. Chosen for large M and N.
 // Accumulators (private arrays indexed in loops are a 60x trap on
 // NVIDIA). The operands are never materialised: load_a / load_b compute where each
 // element lives (a strided matrix for matmul; an im2col window for convolutions), and
 // store writes each result (where epilogues go). Edges are guarded where a tile or K step may
-// cross them (codegen_gemm.edge_guards): any M, N, K works.
+// cross them (codegen/gemm.py, edge_guards): any M, N, K works.
 // K advances BK at a time; the next tile's global loads are issued before this tile's multiply-adds.{{STEPS_NOTE}}
 {{COMMON}}
 const BK: u32 = {{BK}}u;

@@ -2,7 +2,7 @@
 // generated load_a(g, m, k), load_b(g, k, n), store(g, slice, m, n, v) and store4 (columns n0 to
 // n0 + 3 at once: what they share computed once, gemm_store.py). Edges are guarded
 // here, so any M, N, K works; a dimension the tiles (or K steps) divide goes unguarded, as
-// the generator knows (guarded loads cost 6% of a 4096^3 GEMM on the H200). Each variant adds
+// the generator knows (guarded loads cost a large GEMM several percent). Each variant adds
 // its workgroup memory and main loop.
 // Sizes stay written in (compiler/lift_sizes.py): the inner loops divide by them.
 {{BINDINGS}}

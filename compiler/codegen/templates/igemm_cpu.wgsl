@@ -1,7 +1,7 @@
 // Implicit GEMM, variant for CPU rasterisers (lavapipe): no workgroup memory and no
 // barriers, which such devices emulate slowly; each invocation reads its operands straight
-// from memory (the CPU's caches do the tiling) for 4x4 outputs. Measured 3-6x faster than
-// igemm.wgsl on llvmpipe. Same contract as igemm.wgsl; four vec4 accumulators (private arrays indexed in loops are a 60x trap on
+// from memory (the CPU's caches do the tiling) for 4x4 outputs. Several times faster than
+// igemm.wgsl on llvmpipe (bench/REJECTED.md). Same contract as igemm.wgsl; four vec4 accumulators (private arrays indexed in loops are a 60x trap on
 // NVIDIA). The operands are never materialised: load_a / load_b compute where each
 // element lives (a strided matrix for matmul; an im2col window for convolutions), and
 // store writes each result (where epilogues go). Edges are guarded: any M, N, K works.

@@ -4,8 +4,8 @@
 // element of A and one of B per thread, and the k loop stays a loop: load_a and load_b are
 // written once each (the tuned kernels write them out per staged element and k, which is
 // most of what their compile costs). Same contract and split-K as igemm.wgsl, every edge
-// guarded (codegen_gemm.ALL_GUARDED, and the slice's end below); its sizes are read from a
-// uniform buffer where kernels share this text (compiler/lift_sizes.quick_tier).
+// guarded (codegen/gemm.py, ALL_GUARDED, and the slice's end below); its sizes are read from a
+// uniform buffer where kernels share this text (codegen/lift_sizes.py, quick_tier).
 {{COMMON}}
 var<workgroup> quick_a: array<array<f32, 16>, 16>;  // [row][k]
 var<workgroup> quick_b: array<array<f32, 16>, 16>;  // [k][column]

@@ -1,5 +1,5 @@
-// {{MEMBERS}} quick-tier kernels in one pipeline (compiler/merge_quick.py): {{LABELS}}.
-// The last lifted size picks the one a dispatch runs.
+// {{MEMBERS}} quick-tier kernels in one pipeline (codegen/merge_quick.py): {{LABELS}}.
+// The last lifted value picks the one a dispatch runs.
 {{SIZES}}
 {{STORAGE}}
 

@@ -82,7 +82,7 @@ fn mn_softplus(x: f32) -> f32 {
 }
 
 // exp(x) - 1 without the cancellation near 0 (Taylor to x^8 there: AdamW's bias corrections
-// 1 - beta^t lost 4 of f32's 7 digits as exp(t log beta) - 1 in the first steps)
+// 1 - beta^t lose 4 of f32's 7 digits as exp(t log beta) - 1 in the first steps)
 fn mn_expm1(x: f32) -> f32 {
     if (abs(x) < 0.5) {
         return x * (1.0 + x * (0.5 + x * (0.16666667 + x * (0.041666668 + x * (0.008333334

@@ -129,11 +129,6 @@ def test_resnet_forward_and_training_step(name, device):
                                {"x": x}, labels, device, loss="cross_entropy", tol=max(allowed.values()))
     bad = {k: (gpu, allowed[k]) for k, (_, gpu) in step.items() if gpu > allowed[k]}
     assert not bad, f"(gpu error, allowed): {bad}"
-    if prologues:  # the path under test was taken
-        from meganeura.runtime import Package
-
-        pkg = Package.from_bytes(compile_model(model, TrainConfig(loss="cross_entropy", optimizer="sgd")))
-        assert any(k["label"].startswith("conv2d(prologue)") for k in pkg.manifest["kernels"])
     worst = max(step.items(), key=lambda kv: kv[1][1])
     print(f"\n{name}: forward {fwd}; training step worst gpu error {worst} (allowed {allowed[worst[0]]:.2g}), "
           f"largest allowance {max(allowed.values()):.2g}")
