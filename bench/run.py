@@ -100,12 +100,12 @@ def _load_settings() -> dict:
     starts empty (a folder of its own in __GL_SHADER_DISK_CACHE_PATH, as on a first launch)."""
     import os
 
-    from meganeura.runtime import session
+    from meganeura.runtime import loader
 
     cache = os.environ.get("__GL_SHADER_DISK_CACHE_PATH")
-    return {"load_threads": session.LOAD_THREADS, "big_load_threads": session.BIG_LOAD_THREADS,
-            "upload_threads": session.UPLOAD_THREADS,
-            "upload_threads_from_bytes": [2 * session.UPLOAD_THREADS, session.BIG_UPLOAD],
+    return {"load_threads": loader.LOAD_THREADS, "big_load_threads": loader.BIG_LOAD_THREADS,
+            "upload_threads": loader.UPLOAD_THREADS,
+            "upload_threads_from_bytes": [2 * loader.UPLOAD_THREADS, loader.BIG_UPLOAD],
             "shader_cache_empty_at_start": bool(cache) and os.path.isdir(cache) and not os.listdir(cache)}
 
 

@@ -95,7 +95,8 @@ def compile_model(model: Model, train: TrainConfig | None = None, source: dict |
         tg = prepare(build_training_graph(model.graph, train, options), options)
         graphs["train_step"], extra["train_step"] = tg, {"row_mask": ROW_MASK}
         meta["training"] = {"loss": train.loss, "optimizer": train.optimizer, "lr": train.lr,
-                            "frozen": sorted(tg.frozen), "row_mask": ROW_MASK, "ignore_index": train.ignore_index}
+                            "frozen": sorted(tg.frozen), "row_mask": ROW_MASK, "ignore_index": train.ignore_index,
+                            **_classes(model, train)}
     return _write(Programs(graphs, extra), options, meta, step, reservation, t0)
 
 
@@ -115,6 +116,15 @@ def _write(programs: Programs, options: CompileOptions, meta: dict, step, reserv
     if t0 is not None:
         meta["compile_seconds"] = round(time.perf_counter() - t0, 4)
     return pb.write(meta)
+
+
+def _classes(model: Model, train: TrainConfig) -> dict:
+    """{"classes": N} for a cross-entropy package (its output is [batch, N]): the runtime refuses
+    labels outside [0, N) before they reach the GPU."""
+    outputs = model.graph.outputs
+    name = train.output or (next(iter(outputs)) if len(outputs) == 1 else None)
+    shape = model.graph.nodes[outputs[name]].shape if name in outputs else ()
+    return {"classes": int(shape[1])} if train.loss == "cross_entropy" and len(shape) == 2 else {}
 
 
 def estimated_package_bytes(model: Model) -> int:

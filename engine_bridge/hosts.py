@@ -117,9 +117,20 @@ def _capsule_pointer(capsule, name: bytes) -> int:
     return int(get(capsule, name))
 
 
+def optional(module: str, what: str):
+    """Import `module`, an optional dependency, or say how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"{what} needs {module.split('.')[0]}, which is not installed: "
+                          "pip install 'meganeura[demo]'") from exc
+
+
 def pygame_present_info(vsync: bool = False) -> dict:
     """The present_info of pygame's current window (after pygame.display.set_mode)."""
-    import pygame
+    pygame = optional("pygame", "a pygame window")
 
     info = pygame.display.get_wm_info()
     if sys.platform.startswith("win"):
@@ -137,8 +148,7 @@ class PygameHost(SurfaceHost):
 
     def __init__(self, size=(640, 480), title: str = "meganeura", device=None, vsync: bool = False):
         vulkan_only()
-        import pygame
-
+        pygame = optional("pygame", "PygameHost")
         self._pg = pygame
         pygame.display.init()
         self.window = pygame.display.set_mode(size, pygame.RESIZABLE)
@@ -166,7 +176,7 @@ class GlfwHost(SurfaceHost):
 
     def __init__(self, size=(640, 480), title: str = "meganeura", device=None, vsync: bool = False):
         vulkan_only()
-        import glfw
+        glfw = optional("glfw", "GlfwHost")
         from wgpu.utils.glfw_present_info import get_glfw_present_info
 
         self._glfw = glfw

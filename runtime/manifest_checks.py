@@ -140,6 +140,10 @@ def check_programs(m) -> None:
             fail(f"training.lr: expected a number, got {type(train['lr']).__name__}")
         for f in check_list(field(train, "frozen", "training"), "training.frozen"):
             check_str(f, "training.frozen", 512)
+        if train.get("ignore_index") is not None:
+            check_int(train["ignore_index"], "training.ignore_index", -(1 << 24) + 1, 1 << 24)
+        if train.get("classes") is not None:
+            check_int(train["classes"], "training.classes", 1, 1 << 24)
         if "train_step" not in programs:
             fail("training: no 'train_step' program")
 

@@ -128,6 +128,8 @@ class Training:
     optimizer: str
     lr: float
     frozen: tuple[str, ...]
+    ignore_index: int | None = None  # cross-entropy: labels equal to it leave the loss (None: no such label)
+    classes: int | None = None  # cross-entropy: labels lie in [0, classes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +214,8 @@ def parse_manifest(m: dict, plan: BufferPlan | None = None) -> Manifest:
     programs = {name: _program(name, p, plan.tensors, bound) for name, p in m["programs"].items()}
     train = m.get("training")
     training = None if train is None else Training(train["loss"], train["optimizer"], train["lr"],
-                                                   tuple(train["frozen"]))
+                                                   tuple(train["frozen"]), train.get("ignore_index"),
+                                                   train.get("classes"))
     batch = m.get("batch")
     return Manifest(plan, kernels, programs, None if batch is None else batch["size"], training)
 

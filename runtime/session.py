@@ -16,7 +16,7 @@ import numpy as np
 from . import native
 from .device import default_device, fresh_device
 from .gpu_objects import GpuObjects
-from .inputs import coerce, pad, rows
+from .inputs import check_batch, coerce, pad, rows
 from .loader import BIND_GROUP_THREADS, Loader
 from .loading import LoadingSession, checked_switch_interval, default_threads, shorten_switch_interval
 from .package import QUICK, Package
@@ -279,20 +279,26 @@ class Session(SessionWeights):
 
         A batch smaller than the compiled one is padded (and, for training, masked out
         of the loss); a larger one is split into several runs of `infer`. A training step
-        whose loss or gradients are not finite changes nothing (see `skipped_steps`).
+        whose loss or gradients are not finite, or whose labels on the GPU fall outside the
+        classes, or whose every row is ignored, changes nothing (see `skipped_steps`).
+
+        Raises:
+            InputError (a ValueError): a name, shape, dtype or value the program cannot take
+                (a label outside the classes, NaN unless `check_finite` is False, an empty
+                batch); nothing ran and the weights are unchanged.
+            KeyError: no such program. DeviceLostError: the device was lost.
         """
-        self._program(program)
-        n, b = rows(inputs), self._manifest.batch_size
+        p = self._program(program)
+        b = self._manifest.batch_size
+        inputs = check_batch(p, inputs, b, self._manifest.training, check_finite)
+        n = rows(inputs)
         if b is None or n is None or n == b:
-            self.write_inputs(program, inputs, check_finite=check_finite)
+            self.write_inputs(program, inputs, check_finite=False)  # (checked above)
             return self._execute(program)
-        if n > b and program != "infer":
-            raise ValueError(f"{program} was compiled for batches of {b}; got {n} rows "
-                             f"(split the batch, or compile with a larger batch)")
         outs = []
         for s in range(0, n, b):
             part = {k: pad(v, s, b) for k, v in inputs.items()}
-            self.write_inputs(program, part, rows=min(b, n - s), check_finite=check_finite)
+            self.write_inputs(program, part, rows=min(b, n - s), check_finite=False)
             outs.append(self._execute(program))
         return {k: np.concatenate([o[k] for o in outs])[:n] if np.ndim(outs[0][k]) else outs[0][k]
                 for k in outs[0]}
@@ -329,7 +335,8 @@ class Session(SessionWeights):
 
     @property
     def skipped_steps(self) -> int:
-        """Training steps rejected on the GPU because their loss or a gradient was NaN/inf."""
+        """Training steps rejected on the GPU, weights untouched: a loss or gradient NaN/inf, a
+        label outside the classes (written on the GPU), or a batch whose every row is ignored."""
         if self._skip_counter is None:
             return 0
         return int(self.read_tensor(SKIPPED, "state"))

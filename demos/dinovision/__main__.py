@@ -37,8 +37,18 @@ def parse(argv=None):
     return ap.parse_args(argv)
 
 
+def _missing_demo_dependencies() -> list:
+    import importlib.util
+
+    return [m for m in ("skimage", "PIL", "matplotlib") if importlib.util.find_spec(m) is None]
+
+
 def main(argv=None):
     args = parse(argv)
+    missing = _missing_demo_dependencies()
+    if missing:
+        print(f"the DinoVision demo needs {', '.join(missing)}: pip install 'meganeura[demo]'", file=sys.stderr)
+        return 2
     windowed = not args.headless and bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
                                           or sys.platform in ("win32", "darwin"))
     if windowed:
