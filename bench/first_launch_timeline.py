@@ -4,7 +4,9 @@ driver warmed as a game's is, bench/driver_start.py; the driver's shader cache e
 --keep-cache). The child wraps the runtime's loading functions and prints, per phase, when it
 first started and last ended (seconds since Session() was called), how often it ran and its
 summed time, on any thread (phases nest: Package._open holds _head, which holds
-validate_manifest; _pipeline calls _layout: their sums overlap); and the Session's whole time.
+check_layout; GpuObjects.pipeline calls GpuObjects.layout: their sums overlap); and the Session's
+whole time. A phase is named by the function it times (GpuObjects.pipeline, Loader._upload, ...;
+runtimes from before runtime/loader.py and runtime/gpu_objects.py: Session._pipeline, _upload, ...).
 
     python bench/first_launch_timeline.py [--only NAME ...] [--quick-start] [--repeat N] [--out DIR]
 """
@@ -20,19 +22,29 @@ import threading
 import time
 from pathlib import Path
 
-# (module, owner, name): the loading steps timed in the child
+# (module, owner, name): the loading steps timed in the child; those a runtime lacks are skipped (the
+# entries of session.py and package.py's older names: runtimes from before runtime/loader.py, measured
+# against this one)
 PHASES = [
     ("package", "Package", "_open"), ("package", None, "_head"), ("package", None, "validate_manifest"),
-    ("package", None, "check_layout"), ("package", None, "check_programs"), ("session", None, "check_buffers"),
+    ("package", None, "check_layout"), ("package", None, "check_programs"),
+    ("loader", None, "check_buffers"), ("session", None, "check_buffers"),
     ("package", None, "_mapped"),
-    ("package", None, "_check_blob"), ("package", None, "_weights_layout"), ("threads", "FileReader", "into"),
-    ("session", None, "check_device"), ("session", "Session", "_check_device"),  # (older runtimes: a method)
-    ("session", None, "check_workgroup_memory"),
+    ("package", None, "check_blob"), ("package", None, "weights_layout"),  # (weights_blob.py's, as package.py calls them)
+    ("package", None, "_check_blob"), ("package", None, "_weights_layout"),  # (older runtimes: package.py's own)
+    ("threads", "FileReader", "into"),
+    ("loader", None, "check_device"), ("session", None, "check_device"),
+    ("session", "Session", "_check_device"),  # (older runtimes: a method)
+    ("loader", None, "check_workgroup_memory"), ("session", None, "check_workgroup_memory"),
+    ("gpu_objects", "GpuObjects", "layout"), ("gpu_objects", "GpuObjects", "pipeline"),
+    ("gpu_objects", "GpuObjects", "allocate"), ("loader", "Loader", "_upload"), ("tiers", None, "forms"),
+    ("gpu_objects", "GpuObjects", "bind_group"),
     ("session", "Session", "_layout"), ("session", "Session", "_pipeline"), ("session", "Session", "_allocate"),
     ("session", "Session", "_upload"), ("session", "Session", "_forms"), ("session", "Session", "_bind_group"),
-    ("session", None, "make_bind_groups"), ("session", None, "assemble"),  # (session.py's own names for them)
+    ("loader", None, "make_bind_groups"), ("loader", None, "assemble"),  # (the load's: loader.py's names for them)
+    ("session", None, "make_bind_groups"), ("session", None, "assemble"),  # (older runtimes: session.py's)
     ("training_state", "TrainingState", "_make"),  # (after the load: its buffers, then its groups)
-    ("tiers", None, "make_bind_groups"), ("tiers", None, "assemble"),  # (the training state's and the tuned tier's)
+    ("tiers", None, "make_bind_groups"), ("tiers", None, "assemble"),  # (the tuned tier's: tiers.py's own calls)
 ]
 
 
@@ -85,10 +97,16 @@ def child(path: str, quick_start: bool, switch_interval: float | None) -> dict:
     # the tuned tier's bind groups once more, unwrapped, on this thread with nothing beside it
     for target, name, raw in originals:
         setattr(target, name, raw)
-    keys = {key: (p, j) for p, steps in s._forms(s.device_class).items() for j, (_, key) in enumerate(steps)}
+    if hasattr(s, "_objects"):  # (runtime/gpu_objects.py, runtime/tiers.py)
+        from meganeura.runtime import tiers
+
+        planned, bind = tiers.forms(s._manifest, s.device_class), s._objects.bind_group
+    else:  # (older runtimes: the Session's methods, a key's fields as arguments)
+        planned, bind = s._forms(s.device_class), lambda p, j, key: s._bind_group(p, j, *key)
+    keys = {key: (p, j) for p, steps in planned.items() for j, (_, key) in enumerate(steps)}
     t = time.perf_counter()
     for key, (p, j) in keys.items():
-        s._bind_group(p, j, *key)
+        bind(p, j, key)
     alone_us = (time.perf_counter() - t) / max(1, len(keys)) * 1e6
     phases = {k: [round(min(a for a, _ in v), 4), round(max(b for _, b in v if b <= session_s) if any(
         b <= session_s for _, b in v) else -1, 4), sum(b <= session_s for _, b in v),

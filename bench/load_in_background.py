@@ -53,7 +53,7 @@ def main(argv=None):
     ap.add_argument("--hz", type=float, default=60.0)
     ap.add_argument("--threads", type=int, default=None,
                     help="compile threads: load_in_background's threads= (default: the cores less "
-                         "loading.SPARE_CORES); with --mode blocking, session.LOAD_THREADS")
+                         "loading.SPARE_CORES); with --mode blocking, loader.LOAD_THREADS")
     add_session_flags(ap)
     ap.add_argument("--switch-interval", default=None,
                     help="load_in_background's switch_interval in seconds, or 'off' (None: Python's own, 5 ms); "
@@ -68,16 +68,15 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from meganeura.compiler import compile_model
     from meganeura.compiler.models import mlp
-    from meganeura.runtime import Package, Session
-    from meganeura.runtime import session as session_module
+    from meganeura.runtime import Package, Session, loader
     from meganeura.runtime.device import default_device
 
     from meganeura.runtime.loading import SWITCH_INTERVAL, default_threads
 
     if args.threads is not None and args.mode == "blocking":
-        session_module.LOAD_THREADS = args.threads
-    threads = session_module.LOAD_THREADS if args.mode == "blocking" else min(
-        session_module.LOAD_THREADS, args.threads or default_threads())
+        loader.LOAD_THREADS = args.threads
+    threads = loader.LOAD_THREADS if args.mode == "blocking" else min(
+        loader.LOAD_THREADS, args.threads or default_threads())
     apply_session_flags(args)
     switch = SWITCH_INTERVAL if args.switch_interval is None else \
         None if args.switch_interval == "off" else float(args.switch_interval)
@@ -147,7 +146,7 @@ def main(argv=None):
             time.sleep(max(0.0, period - w))
         ms = np.array(works) * 1e3
         row = {"workload": name, "mode": args.mode, "load_threads": threads,
-               "upload_threads": session.upload_threads, "bind_group_threads": session_module.BIND_GROUP_THREADS, "switch_interval": switch if args.mode == "background" else None, "load_s": load_s, "frames_during_load": len(works),
+               "upload_threads": session.upload_threads, "bind_group_threads": loader.BIND_GROUP_THREADS, "switch_interval": switch if args.mode == "background" else None, "load_s": load_s, "frames_during_load": len(works),
                "frame_ms_before_p50": float(np.median(before) * 1e3),
                "frame_ms_p50": float(np.median(ms)), "frame_ms_p99": float(np.percentile(ms, 99)),
                "frame_ms_max": float(ms.max()), "frames_over_period": int((ms > period * 1e3).sum()),
@@ -167,7 +166,7 @@ def main(argv=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     slug = "-".join("".join(c for c in o if c.isalnum()) for o in (args.only or ["all"])) + time.strftime("-%H%M%S")
-    (out / f"load_in_background_{slug}_{args.mode}_{threads}_{session_module.UPLOAD_THREADS}_{switch}.json").write_text(json.dumps(rows, indent=1))
+    (out / f"load_in_background_{slug}_{args.mode}_{threads}_{loader.UPLOAD_THREADS}_{switch}.json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

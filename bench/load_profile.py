@@ -1,6 +1,7 @@
 """Where a package's load time goes on this device: Package.load (read + checks), then
-Session's phases (buffers, weight upload, pipelines, bind groups), per workload, with
-per-kernel pipeline times (made on LOAD_THREADS threads, beside the upload) and a second Session (the
+Session's phases (buffers, weight upload, pipelines, bind groups: runtime/gpu_objects.py's
+GpuObjects.allocate, pipeline, bind_group and runtime/loader.py's Loader._upload), per workload, with
+per-kernel pipeline times (made on loader.LOAD_THREADS threads, beside the upload) and a second Session (the
 driver's shader cache warm). Random weights, no PyTorch.
 
     python bench/load_profile.py [--only NAME ...] [--threads N ...] [--upload-threads N] [--out DIR]
@@ -16,9 +17,19 @@ from pathlib import Path
 import compile_times
 
 
-def _timed(cls, names, acc):
-    for k in names:
-        f = getattr(cls, k)
+# the Session's loading steps timed, each under the name the results give it: (owner, attribute, name)
+# (`_upload`, not the writes: they run on threads, and their sum is no time anyone waits)
+def _phases() -> list:
+    from meganeura.runtime.gpu_objects import GpuObjects
+    from meganeura.runtime.loader import Loader
+
+    return [(GpuObjects, "allocate", "_allocate"), (Loader, "_upload", "_upload"),
+            (GpuObjects, "pipeline", "_pipeline"), (GpuObjects, "bind_group", "_bind_group")]
+
+
+def _timed(phases, acc):
+    for cls, attr, k in phases:
+        f = getattr(cls, attr)
 
         def g(*a, _f=f, _k=k, **kw):
             t = time.perf_counter()
@@ -28,10 +39,15 @@ def _timed(cls, names, acc):
                 acc.setdefault(_k, []).append(time.perf_counter() - t)
                 # (when, since the Session began, each call started and ended: the first tier's timeline)
                 acc.setdefault("spans", {}).setdefault(_k, []).append((t - acc.get("t0", t), time.perf_counter() - acc.get("t0", t)))
-                if _k == "_pipeline":  # (self, index, kernel): which kernels the driver is slow on
-                    acc.setdefault("kernels", []).append((acc[_k][-1], a[2].get("label", ""), len(a[2]["wgsl"]),
-                                                          kernel_kind(a[2]["wgsl"])))
-        setattr(cls, k, g)
+                if _k == "_pipeline":  # (self, index, KernelInfo): which kernels the driver is slow on
+                    acc.setdefault("kernels", []).append((acc[_k][-1], a[2].label or "", len(a[2].wgsl),
+                                                          kernel_kind(a[2].wgsl)))
+        setattr(cls, attr, g)
+
+
+def _restore(originals: dict) -> None:
+    for (cls, attr), f in originals.items():
+        setattr(cls, attr, f)
 
 
 def kernel_kind(wgsl: str) -> str:
@@ -53,17 +69,19 @@ def _workloads():
 
 def add_session_flags(ap) -> None:
     """The Session's load settings a load benchmark may change (apply_session_flags sets them)."""
-    ap.add_argument("--upload-threads", type=int, default=None, help="threads writing the weights, whatever their size (default: session.UPLOAD_THREADS, doubled from BIG_UPLOAD bytes)")
-    ap.add_argument("--bind-group-threads", type=int, default=None, help="session.BIND_GROUP_THREADS (default: as set)")
+    ap.add_argument("--upload-threads", type=int, default=None, help="threads writing the weights, whatever their size (default: loader.UPLOAD_THREADS, doubled from BIG_UPLOAD bytes)")
+    ap.add_argument("--bind-group-threads", type=int, default=None, help="loader.BIND_GROUP_THREADS (default: as set)")
 
 
 def apply_session_flags(args) -> None:
+    from meganeura.runtime import loader
     from meganeura.runtime import session as session_module
 
     if args.upload_threads is not None:
-        session_module.UPLOAD_THREADS, session_module.BIG_UPLOAD = args.upload_threads, float("inf")
+        loader.UPLOAD_THREADS, loader.BIG_UPLOAD = args.upload_threads, float("inf")
     if args.bind_group_threads is not None:
-        session_module.BIND_GROUP_THREADS = args.bind_group_threads
+        # the load's bind groups (loader.py) and the tuned tier's (session.py holds its own name for it)
+        loader.BIND_GROUP_THREADS = session_module.BIND_GROUP_THREADS = args.bind_group_threads
 
 
 def compile_options(plan=(), lift_sizes: bool = True, quick_divisors: bool = True):
@@ -124,13 +142,11 @@ def _parser():
 def _one_load(dev, name: str, path, threads: int, attempt: str, args, options, originals: dict) -> dict:
     """Load `path` once (a first or second attempt, the driver's cache then warm), each of the
     Session's phases timed: the row of the results."""
-    from meganeura.runtime import Package, Session
-    from meganeura.runtime import session as session_module
+    from meganeura.runtime import Package, Session, loader
 
     acc = {}
-    for k, f in originals.items():
-        setattr(Session, k, f)
-    _timed(Session, list(originals), acc)
+    _restore(originals)
+    _timed(_phases(), acc)
     t = time.perf_counter()
     pkg = path if args.from_path and attempt == "first" else Package.load(path)
     t1 = acc["t0"] = time.perf_counter()
@@ -149,7 +165,7 @@ def _one_load(dev, name: str, path, threads: int, attempt: str, args, options, o
     kernels = len(s.kernels)
     per_kernel = sorted(acc.get("_pipeline", []))
     row = {"workload": name, "lift_sizes": options.lift_sizes, "threads": threads, "plan": args.plan, "from_path": args.from_path and attempt == "first", "checks": not args.unchecked, "device_class": s.device_class,
-           "upload_threads": s.upload_threads, "bind_group_threads": session_module.BIND_GROUP_THREADS,
+           "upload_threads": s.upload_threads, "bind_group_threads": loader.BIND_GROUP_THREADS,
            "attempt": attempt, "tier": tier, "quick_divisors": options.quick_divisors, "first_tier_kernels": first_kernels, "tuned_s": tuned,
            "timeline": timeline,
            "package_mb": pkg.raw_size / 2**20, "kernels": kernels,
@@ -179,13 +195,11 @@ def _one_load(dev, name: str, path, threads: int, attempt: str, args, options, o
 def main(argv=None):
     ap = _parser()
     args = ap.parse_args(argv)
-    from meganeura.runtime import Session
-
     try:
         options = compile_options(args.plan, not args.no_lift_sizes, not args.quick_keep_divisors)
     except ValueError as e:
         ap.error(f"--plan {e}")
-    from meganeura.runtime import session as session_module
+    from meganeura.runtime import loader
     from meganeura.runtime.device import default_device
 
     dev = default_device()
@@ -194,16 +208,14 @@ def main(argv=None):
 
         print(json.dumps({"driver_start": driver_start.warm(dev)}), flush=True)
     apply_session_flags(args)
-    # (_upload, not _write: the writes run on threads, and their sum is no time anyone waits)
-    originals = {k: getattr(Session, k) for k in ("_allocate", "_upload", "_pipeline", "_bind_group")}
+    originals = {(cls, attr): getattr(cls, attr) for cls, attr, _ in _phases()}
     rows = []
     for name, path in compiled_packages(args.only, options):
         for threads in args.threads:
-            session_module.LOAD_THREADS = threads
+            loader.LOAD_THREADS = threads
             for attempt in ("first", "second"):
                 rows.append(_one_load(dev, name, path, threads, attempt, args, options, originals))
-    for k, f in originals.items():
-        setattr(Session, k, f)
+    _restore(originals)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "load_profile.json").write_text(json.dumps(rows, indent=1))

@@ -43,10 +43,11 @@ def check_batch(program, inputs: dict, batch: int | None, training, check_finite
     public = program.public_inputs
     unknown = sorted(set(inputs) - set(public))
     if unknown:
-        raise InputError(f"{program.name}: no input named {unknown[0]!r}; it takes {sorted(public)}")
+        raise InputError(f"{program.name}: unknown inputs {unknown} (no input named {unknown[0]!r}); "
+                         f"it takes {sorted(public)}")
     missing = sorted(set(public) - set(inputs))
     if missing:
-        raise InputError(f"{program.name}: missing input {missing[0]!r}; it takes {sorted(public)}")
+        raise InputError(f"{program.name}: missing inputs {missing}; it takes {sorted(public)}")
     arrays = {name: _array(name, inputs[name], program.inputs[name]) for name in public}
     batched = batch is not None and all(program.inputs[n].shape[:1] == (batch,) for n in public)
     for name in public:
@@ -84,7 +85,7 @@ def _check_rows(program, arrays, batch):
     if n == 0:
         raise InputError(f"{program.name}: an empty batch (0 rows); pass at least one row")
     if n > batch and program.name != "infer":
-        raise InputError(f"{program.name} was compiled for batches of at most {batch} rows; got {n} "
+        raise InputError(f"{program.name} was compiled for batches of {batch} rows at most; got {n} "
                          "(split the batch, or compile with a larger batch)")
 
 

@@ -83,8 +83,9 @@ def test_bad_inputs_get_clear_errors(device, package):
         session.run("infer", {"x": x, "y": x})
     with pytest.raises(ValueError, match=r"input 'x' has shape \[16, 11\]"):
         session.run("infer", {"x": np.zeros((16, 11))})
-    with pytest.raises(TypeError, match="integers"):
-        session.run("train_step", {"x": x, "labels": np.zeros(16, np.float32)})
+    with pytest.raises(TypeError, match="integers.*0.5 at index \\(3,\\)"):  # floats convert only when whole
+        session.run("train_step", {"x": x, "labels": np.where(np.arange(16) == 3, 0.5, 1.0)})
+    session.run("train_step", {"x": x, "labels": np.ones(16, np.float32)})
     with pytest.raises(KeyError, match="no program 'train'"):
         session.run("train", {"x": x})
     for dtype in (np.int8, np.uint8, np.int16, np.int64, np.uint32):  # any integer dtype
