@@ -71,19 +71,19 @@ def build_training_graph(forward: Graph, cfg: TrainConfig, options: CompileOptio
     mask = e.leaf("input", ROW_MASK, (rows,), "f32")
     rejects = None
     if cfg.loss == "cross_entropy":
-        mask, rejects = _label_checks(e, labels, mask, shape[1], cfg.ignore_index)
+        mask, rejects = label_checks(e, labels, mask, shape[1], cfg.ignore_index)
     loss = e.op(cfg.loss, pred, labels, mask)
     g.outputs = {"loss": loss}
     return attach_optimizer(g, loss, cfg, rejects, options)
 
 
-def _label_checks(e, labels, row_mask, classes, ignore_index):
+def label_checks(e, labels, row_mask, classes, ignore_index=-100, empty_rejects: bool = True):
     """The rows cross-entropy averages over, and why a step must not be taken.
 
     Returns (mask, rejects): mask is 1 for real rows whose label is not `ignore_index`
     (torch's cross_entropy(ignore_index=...) averages over those); rejects is a scalar,
     the number of those rows whose label is outside [0, classes), plus 1 when no row is
-    left. The labels are checked here, on the GPU, whoever wrote them.
+    left (`empty_rejects`). The labels are checked here, on the GPU, whoever wrote them.
     """
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
         raise TypeError(f"ignore_index must be an integer, not {ignore_index!r}")
@@ -96,6 +96,8 @@ def _label_checks(e, labels, row_mask, classes, ignore_index):
     in_range = e.op("mul", e.op("step", e.op("add", as_float, e.const(0.5))),
                     e.op("step", e.op("sub", e.const(classes - 0.5), as_float)))
     bad = e.op("reduce_sum", e.op("mul", kept, e.op("sub", e.const(1.0), in_range)), axes=(0,), keepdims=False)
+    if not empty_rejects:
+        return kept, bad
     empty = e.op("eq", e.op("reduce_sum", kept, axes=(0,), keepdims=False), e.const(0.0))
     return kept, e.op("add", bad, empty)
 

@@ -20,7 +20,7 @@ from meganeura.compiler import TrainConfig
 from meganeura.compiler.ir.builder import Builder, Tensor
 from meganeura.compiler.compile import compile_programs
 from meganeura.compiler.models.dinov2 import Dinov2Config, dinov2
-from meganeura.compiler.ir.training import attach_optimizer
+from meganeura.compiler.ir.training import attach_optimizer, label_checks
 
 MEAN = (0.485, 0.456, 0.406)  # ImageNet normalisation, as DINOv2 expects
 STD = (0.229, 0.224, 0.225)
@@ -137,9 +137,12 @@ def build_programs(cfg: DemoConfig, backbone_weights: dict | None = None, decode
     flat = t.reshape(t.transpose(logits, (0, 2, 3, 1)), (rows, cfg.classes))
     labels = t.input("labels", (rows,), "i32")
     mask = t.input("label_mask", (rows,))
-    loss = t.cross_entropy(flat, labels, mask)
+    # the ID buffer's labels are checked on the GPU: one outside the classes skips the step, counted
+    # (a frame with nothing labelled is a step that learns nothing, not a rejected one)
+    kept, rejects = label_checks(t.e, labels.id, mask.id, cfg.classes, empty_rejects=False)
+    loss = t.cross_entropy(flat, labels, Tensor(t, kept))
     t.output("loss", loss)
-    train = attach_optimizer(t.g, loss.id, TrainConfig(optimizer="adamw", lr=cfg.lr, weight_decay=1e-4))
+    train = attach_optimizer(t.g, loss.id, TrainConfig(optimizer="adamw", lr=cfg.lr, weight_decay=1e-4), rejects)
     return {"infer": infer, "train_decoder": train}
 
 

@@ -34,3 +34,25 @@ def test_the_torch_twin_matches_the_package(half_backbone, device):
         ref = twin(torch.tensor(x, dtype=torch.float64)).numpy()
     assert ours.shape == ref.shape == (2, cfg.classes, 64, 80)
     assert np.abs(ours - ref).max() / np.abs(ref).max() < 1e-4
+
+
+def test_labels_outside_the_classes_skip_the_decoders_step(device):
+    """The demo's labels come from the engine's ID buffer, on the GPU: one outside the classes
+    (in a labelled pixel) skips the step and is counted, the decoder untouched."""
+    cfg = DemoConfig(height=32, width=32)
+    session = Session(device, Package.from_bytes(compile_demo(cfg, load_backbone(), seed=3)))
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    session.run("infer", {"pixel_values": x})  # caches the features the decoder trains on
+    rows = session.package.programs["train_decoder"]["inputs"]
+    n = int(np.prod(session.tensors[rows["labels"]]["shape"]))
+    before = session.weights(only=["decoder.*"])
+    labels, mask = np.zeros(n, np.int32), np.ones(n, np.float32)
+    labels[5] = cfg.classes  # one past the last class
+    session.run("train_decoder", {"labels": labels, "label_mask": mask})
+    assert session.skipped_steps == 1
+    assert all(np.array_equal(v, session.weights(only=["decoder.*"])[k]) for k, v in before.items())
+    labels[5], mask[7] = 2, 0.0
+    labels[7] = -1  # outside the classes, but in a pixel nobody labelled: not counted
+    session.run("train_decoder", {"labels": labels, "label_mask": mask})
+    assert session.skipped_steps == 1
+    assert not all(np.array_equal(v, session.weights(only=["decoder.*"])[k]) for k, v in before.items())
