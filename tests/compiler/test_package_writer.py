@@ -11,7 +11,7 @@ import pytest
 from meganeura.compiler import Builder, TrainConfig, compile_model
 from meganeura.compiler.package import blob
 from meganeura.compiler import compile as compile_mod
-from meganeura.compiler.compile import compile_graph, compile_programs
+from meganeura.compiler.compile import compile_programs
 from meganeura.compiler.models import unet
 from meganeura.compiler.package.writer import PackageBuilder
 from meganeura.compiler.passes.prepare import prepare

@@ -1,14 +1,12 @@
 """The README's quickstarts run as written: each `<!-- quickstart: NAME -->` marks the code blocks
 up to the next heading; shell lines run the installed `meganeura` command, Python blocks run in
 one namespace per README (quickstart 3 continues quickstart 2), in a temporary folder."""
-import os
 import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
