@@ -20,6 +20,9 @@ _TARGET_USAGE = 0x10 | 0x04 | 0x01  # RENDER_ATTACHMENT | TEXTURE_BINDING | COPY
 
 
 class Host:
+    """Where frames go: `device`, `size`, `format`, `texture()` (this frame's target),
+    `present()`, `poll()` (handles events; False once the user closed it) and `close()`."""
+
     device = None
     format = "rgba8unorm"
     size = (0, 0)
@@ -46,7 +49,12 @@ class Host:
 
 
 class TextureHost(Host):
-    """Frames go into `texture` on `device` (both the host's own)."""
+    """Frames go into `texture` on `device` (both the host's own: pygfx's, an engine's).
+
+    Args:
+        device: the host's GPUDevice, or None for wgpu's shared default device.
+        texture: the GPUTexture frames are drawn into (pygfx_texture() gives pygfx's).
+    """
 
     def __init__(self, device, texture):
         self.device = shared_device(device)
@@ -58,7 +66,13 @@ class TextureHost(Host):
 
 
 class OffscreenHost(TextureHost):
-    """Frames go into a texture of our own: no window, no display."""
+    """Frames go into a texture of our own: no window, no display (tests, servers, CI).
+
+    Args:
+        size: (width, height) in pixels.
+        device: a GPUDevice, or None for wgpu's shared default device.
+        format: the texture's format.
+    """
 
     def __init__(self, size=(640, 480), device=None, format: str = "rgba8unorm"):
         device = shared_device(device)
@@ -144,7 +158,19 @@ def pygame_present_info(vsync: bool = False) -> dict:
 
 
 class PygameHost(SurfaceHost):
-    """A pygame (SDL2) window; wgpu draws into it through a Vulkan surface, not OpenGL."""
+    """A pygame (SDL2) window; wgpu draws into it through a Vulkan surface, not OpenGL.
+
+    Make it before any device exists: it restricts wgpu to Vulkan (vulkan_only()).
+
+    Args:
+        size: (width, height) in pixels.
+        title: the window's title.
+        device: a GPUDevice, or None for wgpu's shared default device.
+        vsync: wait for the display's refresh on present().
+
+    Raises:
+        ImportError: pygame is missing (`pip install "meganeura[demo]"`).
+    """
 
     def __init__(self, size=(640, 480), title: str = "meganeura", device=None, vsync: bool = False):
         vulkan_only()
@@ -172,7 +198,18 @@ class PygameHost(SurfaceHost):
 
 
 class GlfwHost(SurfaceHost):
-    """A glfw window, with no client API (wgpu draws into it through a surface)."""
+    """A glfw window, with no client API (wgpu draws into it through a surface).
+
+    Args:
+        size: (width, height) in pixels.
+        title: the window's title.
+        device: a GPUDevice, or None for wgpu's shared default device.
+        vsync: wait for the display's refresh on present().
+
+    Raises:
+        ImportError: glfw is missing (`pip install "meganeura[demo]"`).
+        RuntimeError: no display, or no window could be made.
+    """
 
     def __init__(self, size=(640, 480), title: str = "meganeura", device=None, vsync: bool = False):
         vulkan_only()

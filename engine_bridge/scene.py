@@ -11,6 +11,9 @@ from .device import load_wgsl
 
 
 class PatternScene:
+    """An animated test pattern rendered into `texture` (size: width, height) on `device`: a
+    stand-in for the host's renderer."""
+
     def __init__(self, device, size=(128, 128), format: str = "rgba8unorm"):
         import wgpu
 

@@ -38,6 +38,30 @@ from .training_steps import Step, StepBuffers
 
 
 class FrameScheduler:
+    """Puts a Session's programs into the host's frames, within a budget of GPU milliseconds.
+
+    Args:
+        session: the Session whose programs run (on the host's device).
+        budget_ms: GPU time per frame for the ML work; inference always runs, training chunks
+            fill what it leaves.
+        before: passes recorded before inference each frame (e.g. TextureInput).
+        after: passes recorded after it (e.g. TensorOverlay).
+        infer: the program run every frame; None runs none (training only).
+        train: the program that train() runs in chunks.
+        chunk_dispatches: dispatches per chunk (one compute pass, timed on its own).
+        timestamps: measure chunks with timestamp queries; None: where the device has them.
+        trace: a file to write a Chrome trace (chrome://tracing) of the frames to at close().
+        history: how many frames summary() covers.
+        max_train_chunks: training chunks per frame at most.
+        dispatch_ms: a chunk's cost per dispatch before anything is measured.
+        timestamp_period_ns: nanoseconds per timestamp tick.
+        held_batches: training batches held on the GPU for steps in flight.
+
+    Raises:
+        KeyError: no program `infer` in the package.
+        ValueError: `chunk_dispatches` below 1, or timestamps asked of a device without them.
+    """
+
     def __init__(self, session, budget_ms: float = 4.0, *, before=(), after=(), infer: str | None = "infer",
                  train: str = "train_step", chunk_dispatches: int = 4, timestamps: bool | None = None,
                  trace=None, history: int = 600, max_train_chunks: int = 64, dispatch_ms: float = 0.05,
@@ -87,17 +111,35 @@ class FrameScheduler:
 
     # ------------------------------------------------------------- set-up
     def readback(self, output: str, program: str | None = None, depth: int = 3):
-        """A runtime Readback of `output`, recorded after `program` each time it completes in a frame."""
+        """A runtime Readback of `output`, recorded after `program` each time it completes in a frame.
+
+        Args:
+            output: the output's name.
+            program: its program; None: the inference program.
+            depth: copies in flight at most.
+
+        Returns:
+            Readback: its `poll()` gives the newest (frame, array) that arrived, or None.
+        """
         program = program or self.infer
         rb = self.session.readback(program, output, depth)
         self._readbacks.setdefault(program, []).append(rb)
         return rb
 
     def train(self, batches=None, steps: int | None = None, prepare=None) -> None:
-        """Train on `batches` (an iterable of {input: array}, or a callable returning one or None),
-        at most `steps` steps; a batch smaller than the compiled one is padded and masked.
-        With batches=None the step's inputs are already on the GPU: `prepare(encoder)`, when
-        given, is recorded before each step's first chunk (e.g. a kernel writing labels)."""
+        """Run training steps in what the budget leaves of each frame, from the next record() on.
+
+        Args:
+            batches: an iterable of {input: array} (a batch smaller than the compiled one is
+                padded and masked), or a callable returning one or None (then training ends);
+                None: the step's inputs are already on the GPU.
+            steps: stop after this many steps; None: when the batches run out.
+            prepare: with batches=None, `prepare(encoder)` is recorded before each step's
+                first chunk (e.g. a kernel writing labels).
+
+        Raises:
+            ValueError: the package has no training program.
+        """
         if self.train_program is None:
             raise ValueError("this package has no training program (compile it with a TrainConfig)")
         if callable(batches):
@@ -397,7 +439,15 @@ class FrameScheduler:
         if self.trace is not None:
             self.trace.write(self.trace_path)
 
+    def report(self) -> str:
+        """summary() as a short table for people: one measure per line."""
+        s = summary_rows(self.summary())
+        width = max(len(k) for k, _ in s)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in s)
+
     def summary(self) -> dict:
+        """Medians over the last `history` frames: ML, estimated and render GPU ms, CPU ms per
+        frame, chunks per frame, training steps done and frames starved of training time."""
         frames = list(self.stats)
         ml = [f.ml_ms for f in frames if f.ml_ms is not None]
         est = [f.ml_est_ms for f in frames]
@@ -412,3 +462,19 @@ class FrameScheduler:
                 "cpu_ms_p50": pct([f.cpu_ms for f in frames], 50),
                 "chunks_per_frame": round(float(np.mean([f.chunks for f in frames])), 2) if frames else 0,
                 "train_steps": self.steps_done, "starved_frames": self.starved}
+
+
+def _ms(v) -> str:
+    return "n/a" if v is None else f"{v:.2f} ms"
+
+
+def summary_rows(s: dict) -> list:
+    """(label, value) rows of a FrameScheduler.summary()."""
+    return [("frames", f"{s['frames']} (ML budget {s['budget_ms']:g} ms per frame)"),
+            ("ML GPU time p50 / max", f"{_ms(s['ml_ms_p50'])} / {_ms(s['ml_ms_max'])}"
+             + ("" if s["timestamps"] else " (no timestamp queries: estimates only)")),
+            ("ML estimate p50", _ms(s["ml_est_ms_p50"])),
+            ("render GPU time p50", _ms(s["render_ms_p50"])),
+            ("CPU time per frame p50", _ms(s["cpu_ms_p50"])),
+            ("chunks per frame", f"{s['chunks_per_frame']:g}"),
+            ("training steps", f"{s['train_steps']} ({s['starved_frames']} frames without training time)")]

@@ -82,7 +82,27 @@ def _check_texture(texture, usage, why):
 
 
 class TextureInput:
-    """Write `texture` (normalised) into input `input` of `program`, once per record()."""
+    """Write `texture` (normalised) into input `input` of `program`, once per record().
+
+    One compute dispatch (crop, bilinear resize, (value - mean) / std) into the input's buffer.
+
+    Args:
+        session: the Session whose input it writes.
+        texture: a GPUTexture with TEXTURE_BINDING usage (a render target, a camera frame).
+        input: the input's name.
+        program: the program the input belongs to.
+        layout: "pixels" ([pixels, channels], or with a batch first), "nhwc" or "nchw".
+        size: (height, width) of a "pixels" input that is not square.
+        crop: (x, y, width, height) of the texture to read; None: all of it.
+        mean: subtracted per channel (a number or one per channel).
+        std: divides per channel after that.
+        channels: which texture channels feed the input's, in order ("rgb", "bgr", ...).
+        batch_index: which image of a batched input it writes.
+
+    Raises:
+        TypeError: the input is not f32.
+        ValueError: shapes, channels, crop or std that do not fit the input.
+    """
 
     def __init__(self, session, texture, input: str = "x", program: str = "infer", *, layout: str = "pixels",
                  size=None, crop=None, mean=0.0, std=1.0, channels: str = "rgb", batch_index: int = 0):
@@ -153,7 +173,24 @@ class TextureInput:
 
 
 class TensorOverlay:
-    """Turn output `output` of `program` into `self.texture` (rgba8unorm), once per record()."""
+    """Turn output `output` of `program` into `self.texture` (rgba8unorm), once per record().
+
+    One compute dispatch: argmax over the classes -> the class's colour (drawn by composite()).
+
+    Args:
+        session: the Session whose output it reads.
+        output: the output's name: scores [pixels, classes], NHWC or NCHW (one class: a mask).
+        program: the program the output belongs to.
+        layout: "pixels", "nhwc" or "nchw".
+        size: (height, width) of a "pixels" output that is not square.
+        palette: RGBA rows (0-255), one per class; None: DEFAULT_PALETTE (class 0 clear).
+        threshold: a one-class mask colours the pixels whose score is above it.
+        batch_index: which image of a batched output it shows.
+
+    Raises:
+        TypeError: the output is not f32.
+        ValueError: shapes or a palette that do not fit the output.
+    """
 
     def __init__(self, session, output: str = "logits", program: str = "infer", *, layout: str = "pixels",
                  size=None, palette=None, threshold: float = 0.0, batch_index: int = 0):

@@ -30,7 +30,7 @@ def main(argv=None):
         host.present()
     sched.close()
     host.close()
-    print("glfw:", sched.summary())
+    print(f"glfw:\n{sched.report()}")
 
 
 if __name__ == "__main__":

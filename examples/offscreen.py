@@ -74,7 +74,7 @@ def main(argv=None):
         from PIL import Image
 
         Image.fromarray(read_texture(host.device, host.texture())).save(args.png)
-    print(f"offscreen: {loading_frames} frames drawn while the model loaded;", sched.summary())
+    print(f"offscreen: {loading_frames} frames drawn while the model loaded\n{sched.report()}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def main(argv=None):
         host.present()
     sched.close()
     host.close()
-    print("pygame:", sched.summary())
+    print(f"pygame:\n{sched.report()}")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def main(argv=None):
 
         Image.fromarray(read_texture(session.device, texture)).save(args.png)
     counts = np.bincount(latest[1].argmax(1), minlength=4) if latest else None
-    print("pygfx:", sched.summary(), "pixels per class:", counts)
+    print(f"pygfx:\n{sched.report()}\npixels per class: {counts}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepare this checkout: .venv/ with meganeura installed editable (extras test,demo),
+# Prepare this checkout: .venv/ with meganeura installed editable (extras test,demo,docs),
 # a Vulkan driver (Mesa lavapipe when the machine has no GPU driver) and Xvfb.
 #
 #   bash scripts/setup.sh      # just set up
@@ -89,12 +89,12 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$key" ] &&
         "$VENV/bin/python" -c 'import meganeura' 2>/dev/null; then
     say "python packages up to date (.venv)"
 else
-    say "installing meganeura (editable) with extras test,demo into .venv; first run takes minutes"
+    say "installing meganeura (editable) with extras test,demo,docs into .venv; first run takes minutes"
     # torch==2.13.0 comes from the test extra; a local folder of wheels, where the machine
     # has one, keeps pip from fetching a multi-GB CUDA build.
     pip_args=(-q --disable-pip-version-check)
     [ -d /opt/wheels ] && pip_args+=(--find-links /opt/wheels)
-    if ! "$VENV/bin/python" -m pip install "${pip_args[@]}" -e ".[test,demo]" >"$LOG" 2>&1; then
+    if ! "$VENV/bin/python" -m pip install "${pip_args[@]}" -e ".[test,demo,docs]" >"$LOG" 2>&1; then
         tail -n 30 "$LOG" >&2
         die "pip install failed (full log: $LOG)"
     fi

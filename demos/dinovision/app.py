@@ -7,6 +7,7 @@ frames later, through a non-blocking readback.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -20,8 +21,10 @@ from .labels import Labeler
 from .model import MEAN, STD, DemoConfig, compile_demo
 from .scene import CLASSES, PALETTE, Scene, heldout_frames
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
-BACKBONE = ASSETS / "dinovision_backbone.safetensors"
+BACKBONE_FILE = "dinovision_backbone.safetensors"
+# the backbone ships with the source repository (assets/), not with the library wheel
+ASSETS = Path(os.environ.get("MEGANEURA_ASSETS") or Path(__file__).resolve().parents[2] / "assets")
+BACKBONE = ASSETS / BACKBONE_FILE
 
 
 def overlay_palette(classes: int, alpha: float = 0.45) -> np.ndarray:
@@ -37,7 +40,11 @@ def load_backbone(path=None) -> dict:
 
     path = Path(path) if path else BACKBONE
     if not path.is_file():
-        raise FileNotFoundError(f"backbone weights not found: {path}")
+        raise FileNotFoundError(
+            f"the DinoVision backbone weights are not at {path}. They ship with the source repository "
+            "(assets/), not with the pip wheel: run the demo from a clone (bash scripts/demo.sh), pass "
+            "--weights with a transformers Dinov2Model checkpoint, or build them with "
+            f"'python -m meganeura.demos.dinovision.pretrain --out DIR' and set MEGANEURA_ASSETS=DIR")
     return load_file(str(path))
 
 

@@ -3,6 +3,7 @@ frames before and after fine-tuning, and writes PNG frames, metrics.json and a p
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -59,7 +60,8 @@ def run_headless(args) -> dict:
     t0 = time.perf_counter()
     from tqdm import tqdm
 
-    bar = tqdm(range(frames), desc="frames", unit="frame", leave=False)
+    # a bar on a terminal only: in logs and CI it would garble the lines around it
+    bar = tqdm(range(frames), desc="frames", unit="frame", leave=False, disable=not sys.stderr.isatty())
     for f in bar:
         if f % LEVEL_FRAMES == 0:
             app.scene.reseed(args.seed + 1 + f // LEVEL_FRAMES)

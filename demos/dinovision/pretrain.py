@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def main(argv=None):
     for size in args.sizes:
         scene = Scene(device, size, size, seed=0)
         items = [(int(s), float(t)) for s, t in zip(rng.integers(0, 500, args.frames), rng.uniform(0, 120, args.frames))]
-        bar = tqdm(total=len(items), desc=f"rendering {size}px", leave=False)
+        bar = tqdm(total=len(items), desc=f"rendering {size}px", leave=False, disable=not sys.stderr.isatty())
         x, ids = render_dataset(scene, sorted(items), progress=lambda i: bar.update(1))
         bar.close()
         hx, hids = render_dataset(scene, heldout_frames(16 if not args.tiny else 2))
@@ -85,7 +86,7 @@ def main(argv=None):
     active = None
     losses = []
     t_train = time.perf_counter()
-    bar = tqdm(range(args.steps), desc="pre-training")
+    bar = tqdm(range(args.steps), desc="pre-training", disable=not sys.stderr.isatty())
     for step in bar:
         size = args.sizes[(step // 50) % len(args.sizes)]  # blocks of 50 steps per resolution
         r = runs[size]
