@@ -68,6 +68,8 @@ def check_batch(program, inputs: dict, batch: int | None, training, check_finite
 
 def _array(name, value, t):
     arr = np.asarray(value)
+    if arr.dtype.name == "bfloat16":  # (ml_dtypes' type, numpy has none)
+        arr = arr.astype(np.float32)
     if arr.dtype.kind not in "fiub":
         raise InputError(f"input {name!r} holds {arr.dtype} values; it takes "
                          f"{'integers' if t.dtype == 'i32' else 'real numbers'}")
@@ -93,6 +95,8 @@ def _values(name, arr, t, check_finite):
     """`arr` converted to the tensor's dtype, by the rules: integers for an i32 input (whole
     floats convert, others are refused), f32 for a float one, NaN refused unless asked."""
     if t.dtype == "i32":
+        if t.source == "bool":  # the GPU holds a bool as 0 / 1: any nonzero number is true
+            return (arr != 0).astype(np.int32)
         if arr.dtype.kind == "f":
             if not np.isfinite(arr).all() or not np.array_equal(arr, np.round(arr)):
                 bad = np.argwhere(~np.isfinite(arr) | (arr != np.round(arr)))[0]
@@ -100,8 +104,9 @@ def _values(name, arr, t, check_finite):
                                  f"{tuple(int(i) for i in bad)} (floats convert only when they are whole)")
         if arr.size and (arr.min() < -(2 ** 31) or arr.max() >= 2 ** 31):
             bad = np.argwhere((arr < -(2 ** 31)) | (arr >= 2 ** 31))[0]
-            raise InputError(f"input {name!r} holds {arr[tuple(bad)]} at index {tuple(int(i) for i in bad)}, "
-                             "outside the 32-bit integer range")
+            raise InputError(f"input {name!r}{_source_text(t)} holds {arr[tuple(bad)]} at index "
+                             f"{tuple(int(i) for i in bad)}, outside the 32-bit integer range the model "
+                             "computes in")
         return arr.astype(np.int32)
     out = arr.astype(np.float32)
     if check_finite and not np.isfinite(out).all():
@@ -109,6 +114,31 @@ def _values(name, arr, t, check_finite):
         raise InputError(f"input {name!r} holds NaN or infinity (first at index {tuple(int(i) for i in bad)}, "
                          f"{out[tuple(bad)]}); pass check_finite=False to allow it")
     return out
+
+
+def _source_text(t) -> str:
+    return f" ({t.source} in the source model)" if t.source else ""
+
+
+# the narrow integer types an output wraps into, as the source model's arithmetic does
+_WRAP = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16}
+
+
+def as_source(t, arr: np.ndarray) -> np.ndarray:
+    """An output as read from the GPU, in its source model's terms (`t`, a records.TensorInfo):
+    float16 as float16, bfloat16 rounded to it (as float32: numpy has no bfloat16), bool as
+    bool, 8- and 16-bit integers wrapped into their range (as int32); others as they are."""
+    if t.source == "float16":
+        return arr.astype(np.float16)
+    if t.source == "bfloat16":
+        bits = arr.view(np.uint32)
+        rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) & np.uint32(0xFFFF0000)).view(np.float32)
+        return np.where(np.isnan(arr), arr, rounded)
+    if t.source == "bool":
+        return arr != 0
+    if t.source in _WRAP:
+        return arr.astype(_WRAP[t.source]).astype(np.int32)
+    return arr
 
 
 def _check_labels(labels, training):

@@ -8,6 +8,7 @@ import hashlib
 from .format import (ACCESS, DTYPES, FORMAT_NAME, MAX_LIFTED, OFFSET_ALIGN, QUICK, READABLE_VERSIONS, ROLES, VARIANTS,
                      tensor_bytes)
 from .manifest_fields import check_dict, check_int, check_ints, check_list, check_str, fail, field
+from .records import SOURCE_DTYPES
 
 
 def validate_manifest(m) -> None:
@@ -51,6 +52,8 @@ def check_layout(m) -> None:
             fail(f"{w}.dtype: {t['dtype']!r:.40} is not one of {tuple(DTYPES)}")
         if t["dtype"] == "f16" and role != "param":
             fail(f"{w}.dtype: only parameters are stored in f16, not {role} tensors")
+        if "source" in t and (role not in ("input", "output") or t["source"] not in SOURCE_DTYPES.get(t["dtype"], ())):
+            fail(f"{w}.source: {t['source']!r:.40} is no source type of an {t['dtype']} {role}")
         shape = check_list(field(t, "shape", w), f"{w}.shape", 8)
         check_ints(shape, f"{w}.shape", 0, 1 << 32)
         size = tensor_bytes(t)
@@ -146,6 +149,26 @@ def check_programs(m) -> None:
             check_int(train["classes"], "training.classes", 1, 1 << 24)
         if "train_step" not in programs:
             fail("training: no 'train_step' program")
+        if train.get("lora") is not None:
+            _check_lora(train["lora"], {t["name"] for t in tensors if t["role"] == "param"})
+
+
+def _check_lora(lora, params: set) -> None:
+    """training.lora: a rank, an alpha, and adapters naming parameters of the package."""
+    check_dict(lora, "training.lora")
+    check_int(field(lora, "rank", "training.lora"), "training.lora.rank", 1, 1 << 20)
+    alpha = field(lora, "alpha", "training.lora")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < float("inf"):
+        fail(f"training.lora.alpha: expected a positive number, got {alpha!r:.40}")
+    for j, a in enumerate(check_list(field(lora, "adapters", "training.lora"), "training.lora.adapters")):
+        w = f"training.lora.adapters[{j}]"
+        check_dict(a, w)
+        check_str(field(a, "module", w), f"{w}.module", 512)
+        for k in ("weight", "a", "b"):
+            if check_str(field(a, k, w), f"{w}.{k}", 512) not in params:
+                fail(f"{w}.{k}: {a[k]!r:.80} names no parameter")
+        if not isinstance(field(a, "transposed", w), bool):
+            fail(f"{w}.transposed: expected true or false")
 
 
 def _check_dispatch(d, dw, kernels, buffers, version) -> None:

@@ -37,7 +37,11 @@ from .workgroup_memory import workgroup_bytes  # noqa: F401  (importers take it 
 
 class Package:
     """A validated package: `manifest` as stored (msgpack maps), `weights`, and the manifest as typed
-    records: `plan` (buffers and tensors) and `parsed` (all of it; runtime/records.py)."""
+    records: `plan` (buffers and tensors) and `parsed` (all of it; runtime/records.py).
+
+    Made by `Package.load(path)` or `Package.from_bytes(data)`, which check everything in the
+    file before returning (docs/PACKAGE.md); `Session(device, path)` opens a file itself.
+    """
 
     def __init__(self, manifest: dict, weights: dict, raw_size: int = 0):
         self.manifest = manifest
@@ -151,6 +155,18 @@ class Package:
 
     @classmethod
     def load(cls, path) -> Package:
+        """Read and check a .mnpk file, whole, into memory (writing over the file later changes nothing).
+
+        Args:
+            path: the package file.
+
+        Returns:
+            The Package.
+
+        Raises:
+            PackageError: the file is damaged, from an incompatible compiler, or inconsistent.
+            OSError: the file cannot be read.
+        """
         package = cls._open(path, mapped=False)  # in memory: a file written over later changes nothing
         package.weights  # noqa: B018  (checked whole before it returns)
         return package
@@ -219,6 +235,17 @@ class Package:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Package:
+        """Check a package held in memory (e.g. the bytes compile_model returned).
+
+        Args:
+            data: the package file's bytes.
+
+        Returns:
+            The Package; its weights are read-only views of `data`.
+
+        Raises:
+            PackageError: damaged, from an incompatible compiler, or inconsistent bytes.
+        """
         return cls._parse(bytes(data))  # a copy unless it is bytes already: the weights view it
 
     @classmethod
@@ -258,6 +285,7 @@ class Package:
         return self.manifest["tensors"]
 
     def param_names(self) -> list:
+        """The parameters' names, as in the source model."""
         return self.plan.param_names()
 
     def summary(self) -> str:

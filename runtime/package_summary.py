@@ -34,9 +34,21 @@ def summary(m: Manifest, raw_size: int) -> str:
     if m.training:
         t = m.training
         lines.append(f"  training: loss {t.loss}, optimizer {t.optimizer}, lr {t.lr}, frozen {len(t.frozen)} tensors")
+        if t.lora:
+            lines.append(_lora(t.lora, params))
     if m.batch_size:
         lines.append(f"  batch size: {m.batch_size}")
     return "\n".join(lines)
+
+
+def _lora(lora, params) -> str:
+    """The LoRA adapters: how many, their rank and alpha, the values they train of the model's."""
+    sizes = {t.name: t.count for t in params}
+    trained = sum(sizes.get(n, 0) for a in lora.adapters for n in (a.a, a.b))
+    total = sum(sizes.values())
+    return (f"  LoRA adapters: {len(lora.adapters)} (rank {lora.rank}, alpha {lora.alpha:g}, scale {lora.scale:g}) "
+            f"on {', '.join(a.module for a in lora.adapters[:4])}{', ...' if len(lora.adapters) > 4 else ''}; "
+            f"trainable {trained} of {total} values ({100 * trained / max(total, 1):.2f}%)")
 
 
 def _typed(t) -> str:

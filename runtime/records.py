@@ -18,6 +18,11 @@ import numpy as np
 from .format import DTYPES
 
 
+# element types a package may record as an input's or output's source type, by the tensor's dtype
+SOURCE_DTYPES = {"f32": ("float16", "bfloat16", "bool"),
+                 "i32": ("int8", "uint8", "int16", "uint16", "uint32", "int64", "uint64", "bool")}
+
+
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
     """One tensor of the package: what it holds and where (a buffer, a byte offset into it)."""
@@ -31,6 +36,9 @@ class TensorInfo:
     init: str | None = None  # zeros or blob (an output's says nothing: "none", or absent)
     program: str | None = None  # an output's program
     grouped: bool = False  # placed at an offset of its own: a parameter group's member, sharing a buffer
+    # an input's or output's element type in the source model, where it differs from `dtype`
+    # (float16, bfloat16, int64, uint8, bool, ...: SOURCE_DTYPES): a Session converts there
+    source: str | None = None
 
     @property
     def count(self) -> int:
@@ -123,6 +131,28 @@ class Program:
 
 
 @dataclass(frozen=True, slots=True)
+class Adapter:
+    """One LoRA adapter: parameters `a` [rank, in] and `b` [out, rank] beside the frozen `weight`."""
+
+    module: str  # PEFT's name of the adapted module
+    weight: str
+    a: str
+    b: str
+    transposed: bool  # the weight is stored [in, out], not PyTorch's [out, in]
+
+
+@dataclass(frozen=True, slots=True)
+class Lora:
+    rank: int
+    alpha: float
+    adapters: tuple[Adapter, ...]
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+@dataclass(frozen=True, slots=True)
 class Training:
     loss: str
     optimizer: str
@@ -130,6 +160,7 @@ class Training:
     frozen: tuple[str, ...]
     ignore_index: int | None = None  # cross-entropy: labels equal to it leave the loss (None: no such label)
     classes: int | None = None  # cross-entropy: labels lie in [0, classes)
+    lora: Lora | None = None  # the LoRA adapters, the only parameters it trains
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +229,8 @@ class Manifest:
 def parse_plan(m: dict) -> BufferPlan:
     """The BufferPlan of a manifest that manifest_checks.check_layout has passed."""
     tensors = tuple(TensorInfo(t["name"], t["role"], t["dtype"], tuple(t["shape"]), t["buffer"], t.get("offset", 0),
-                               t.get("init"), t.get("program"), "offset" in t) for t in m["tensors"])
+                               t.get("init"), t.get("program"), "offset" in t, t.get("source"))
+                    for t in m["tensors"])
     memory, requires, ck = m["memory"], m["requires"], m["blob_checksum"]
     return BufferPlan(m["format_version"], m["compiler_version"], tuple(m["buffers"]), tensors,
                       memory["buffer_bytes"], memory.get("shared_scratch", False), tuple(requires["features"]),
@@ -215,7 +247,7 @@ def parse_manifest(m: dict, plan: BufferPlan | None = None) -> Manifest:
     train = m.get("training")
     training = None if train is None else Training(train["loss"], train["optimizer"], train["lr"],
                                                    tuple(train["frozen"]), train.get("ignore_index"),
-                                                   train.get("classes"))
+                                                   train.get("classes"), _lora(train.get("lora")))
     batch = m.get("batch")
     return Manifest(plan, kernels, programs, None if batch is None else batch["size"], training)
 
@@ -239,6 +271,13 @@ def _program(name: str, p: dict, tensors: tuple, bound: dict) -> Program:
     return Program(name, {k: tensors[i] for k, i in p["inputs"].items()},
                    {k: tensors[i] for k, i in p["outputs"].items()}, tuple(dispatches), p["scratch_peak_bytes"],
                    p.get("row_mask"))
+
+
+def _lora(lora: dict | None) -> Lora | None:
+    if lora is None:
+        return None
+    return Lora(lora["rank"], float(lora["alpha"]), tuple(Adapter(a["module"], a["weight"], a["a"], a["b"],
+                                                                  a["transposed"]) for a in lora["adapters"]))
 
 
 _NO_VARIANTS = {}  # (shared by every dispatch without variants: never written)

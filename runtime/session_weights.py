@@ -18,6 +18,8 @@ class SessionWeights:
         return t
 
     def read_tensor(self, name: str, role: str = "param") -> np.ndarray:
+        """A copy of parameter (role "param") or state tensor (role "state") `name`, e.g.
+        "optimizer.step"; blocking: for set-up and tests, not a frame. KeyError: no such tensor."""
         t = self._tensor(name, role)
         if t.count == 0:
             return np.zeros(t.shape, dtype=t.np_dtype)
@@ -25,7 +27,8 @@ class SessionWeights:
             return self._objects.read(t)
 
     def write_tensor(self, name: str, value, role: str = "state") -> None:
-        """Overwrite a parameter or state tensor (e.g. "optimizer.lr" for a schedule)."""
+        """Overwrite a state (or, with role "param", parameter) tensor with `value`, of its shape:
+        e.g. "optimizer.lr" for a schedule. KeyError: no such tensor; ValueError: a wrong shape."""
         t = self._tensor(name, role)
         v = np.asarray(value)
         if v.shape != t.shape:
@@ -35,7 +38,14 @@ class SessionWeights:
             self._objects.write(t, v)
 
     def weights(self, only=None) -> dict:
-        """Parameters by name; `only`: glob patterns selecting some (e.g. ["decoder.*"])."""
+        """The parameters by the source model's names, copied from the GPU (blocking).
+
+        Args:
+            only: glob patterns selecting some (e.g. ["decoder.*"]); None: all.
+
+        Returns:
+            Name -> numpy array.
+        """
         import fnmatch
 
         names = self._manifest.plan.param_names()
@@ -44,10 +54,18 @@ class SessionWeights:
         return {name: self.read_tensor(name) for name in names}
 
     def save_weights(self, path, only=None) -> None:
-        """Write the parameters (or those matching `only`) as safetensors, by the source
-        model's names, atomically (runtime/checkpoint.py): a crash while saving leaves the
-        old file or the new one, whole. Weights holding NaN/inf are refused, not saved
-        over a good file."""
+        """Write the parameters as safetensors, by the source model's names, atomically.
+
+        A temporary file is written, synced and renamed over `path` (runtime/checkpoint.py):
+        a crash while saving leaves the old file or the new one, whole.
+
+        Args:
+            path: the file to write.
+            only: glob patterns selecting the parameters to save; None: all.
+
+        Raises:
+            ValueError: weights holding NaN or infinity (refused, not saved over a good file).
+        """
         weights = self.weights(only)
         bad = [name for name, v in weights.items() if not np.isfinite(v).all()]
         if bad:
@@ -55,7 +73,16 @@ class SessionWeights:
         write_atomic(path, safetensors_bytes(weights))
 
     def load_weights(self, path, strict: bool = True) -> None:
-        """Load parameters saved by save_weights (or any safetensors with these names)."""
+        """Load parameters saved by save_weights (or any safetensors file with these names).
+
+        Args:
+            path: the safetensors file.
+            strict: refuse a file that misses a parameter of the package or holds one it lacks.
+
+        Raises:
+            ValueError: an unreadable file, or names, shapes or values that do not fit; every
+                array is checked before any is written, so a bad file changes nothing.
+        """
         from safetensors.numpy import load_file
 
         try:
@@ -65,6 +92,8 @@ class SessionWeights:
         self.set_weights(values, strict)
 
     def set_weights(self, values: dict, strict: bool = True) -> None:
+        """Write parameters from `values` (name -> array), all checked before any is written;
+        as load_weights, whose arguments and errors these are."""
         plan = self._manifest.plan
         names = set(plan.param_names())
         unknown, missing = set(values) - names, names - set(values)

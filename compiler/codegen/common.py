@@ -181,7 +181,8 @@ def ew_code(sched: Schedule, members, roots, bind: "Bindings", given: dict | Non
         if b in given:
             return given[b]
         if nodes[b].op == "const":
-            return f32_literal(nodes[b].attr("value"))
+            v = nodes[b].attr("value")
+            return f"i32({int(v)})" if nodes[b].dtype == "i32" else f32_literal(v)
         if b in members:
             return nm(b)
         name = bind.use(b)
@@ -206,7 +207,7 @@ def ew_code(sched: Schedule, members, roots, bind: "Bindings", given: dict | Non
         low = OPS[n.op].lowering[1]
         at = dict(n.attrs)
         if isinstance(low, dict):
-            low = low[at.get("to", at.get("approximate", "none"))]
+            low = low[at.get("to", at.get("approximate", at.get("kind", "none")))]
         fmt = {k: f32_literal(at[k]) for k in ("exponent", "keep", "take", "eps") if k in at}
         if "{i_last}" in low:
             fmt["i_last"] = coord(n.shape)[-1]

@@ -108,7 +108,6 @@ def _count_nonfinite(sched: Schedule, k: Kernel):
 
 def _count_pass(sched, spans, store):
     """One count over `spans` ([binding key, first element, end]), stored by `store(bindings)`."""
-    g = sched.graph
     bind = Bindings(sched)
     pieces, start = [], 0
     for key, lo, end in spans:

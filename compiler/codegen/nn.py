@@ -260,9 +260,10 @@ def gather(sched: Schedule, k: Kernel) -> KernelCode:
         tt = bind.use(base_of(g, n.inputs[0]))
         ti = bind.use(base_of(g, n.inputs[1]))
         out = bind.use(r, write=True)
+        zero = "0" if n.dtype == "i32" else "0.0"
         body = "\n".join([f"    let i = idx / {inner}u;", f"    let j = idx % {inner}u;",
                           f"    var row = {ti}[i];", f"    if (row < 0) {{ row += {rows}; }}",
-                          f"    if (row < 0 || row >= {rows}) {{ {out}[idx] = 0.0; return; }}",
+                          f"    if (row < 0 || row >= {rows}) {{ {out}[idx] = {zero}; return; }}",
                           f"    {out}[idx] = {tt}[u32(row) * {inner}u + j];"])
         return _map_kernel(bind, n.size, body, "gather")
     # scatter_add, deterministic and without atomics: the table zeroed; a thread per index links
@@ -297,12 +298,18 @@ def gather(sched: Schedule, k: Kernel) -> KernelCode:
     ti = bind.use(base_of(g, n.inputs[1]))
     out = bind.use(r, write=True)
     decls = bind.decls() + f"\n@group(0) @binding({len(bind.slots)}) var<storage, read> link: array<i32>;"
+    if n.op == "scatter_add":
+        walk = ["    var acc = 0.0;", "    var j = i32(i);",
+                f"    loop {{ acc += {tg}[u32(j) * {inner}u + c]; j = link[u32(j)]; if (j < 0) {{ break; }} }}"]
+    else:  # scatter_reduce: the row's first update, combined with the next ones in index order
+        combine = {"none": "v", "mul": "acc * v", "max": "max(acc, v)", "min": "min(acc, v)"}[n.attr("reduction")]
+        walk = [f"    var acc = {tg}[i * {inner}u + c];", "    var j = link[i];",
+                (f"    loop {{ if (j < 0) {{ break; }} let v = {tg}[u32(j) * {inner}u + c]; acc = {combine}; "
+                 "j = link[u32(j)]; }")]
     body = "\n".join([
         f"    let i = idx / {inner}u;", f"    let c = idx % {inner}u;",
-        f"    if (link[{count}u + i] == 0) {{ return; }}  // not the first index of its row",
-        "    var acc = 0.0;", "    var j = i32(i);",
-        f"    loop {{ acc += {tg}[u32(j) * {inner}u + c]; j = link[u32(j)]; if (j < 0) {{ break; }} }}",
+        f"    if (link[{count}u + i] == 0) {{ return; }}  // not the first index of its row", *walk,
         f"    {out}[u32(row_of(i)) * {inner}u + c] = acc;"])
     fill = KernelCode(per_output(decls + "\n" + row_of(ti), count * inner, body), (WG, 1, 1),
-                      bind.list() + [(temp, "read")], grid(-(-count * inner // WG)), "scatter_add")
+                      bind.list() + [(temp, "read")], grid(-(-count * inner // WG)), n.op)
     return [zero, link, fill]

@@ -4,4 +4,5 @@ The op table (ops.OPS) is filled by its row modules as they are imported: the co
 ops.py, then the neural-network, layer and optimizer rows. Importing anything from this
 package imports them all, so OPS is whole wherever it is read.
 """
-from . import ops, ops_layers, ops_nn, ops_optim  # noqa: F401  (each registers its rows)
+from . import ops, ops_int, ops_layers, ops_nn, ops_optim  # noqa: F401  (each registers its rows)
+from . import ops_index  # noqa: F401  (indexed writes)

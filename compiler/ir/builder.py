@@ -30,7 +30,7 @@ class Tensor:
         return self.b.g.nodes[self.id].dtype
 
     def _bin(self, op, other, swap=False):
-        other = self.b.lift(other)
+        other = self.b.lift(other, self.dtype)
         a, c = (other, self) if swap else (self, other)
         return self.b.op(op, a, c)
 
@@ -65,6 +65,18 @@ class Model:
 
 
 class Builder:
+    """Builds a Model op by op, with PyTorch-style names for its weights.
+
+    Every row of the op table is a method too (`b.relu(x)`, `b.conv2d(x, w, ...)`: see
+    compiler/ir/ops.py); Tensors take `+ - * / @ **` with Tensors and scalars.
+
+        b = Builder()
+        x = b.input("x", (64, 784))
+        h = b.relu(b.linear(x, b.param("fc1.weight", w1), b.param("fc1.bias", b1)))
+        b.output("logits", b.linear(h, b.param("fc2.weight", w2), b.param("fc2.bias", b2)))
+        model = b.build()
+    """
+
     def __init__(self):
         self.g = Graph()
         self.e = Emitter(self.g)
@@ -95,9 +107,12 @@ class Builder:
 
     # leaves
     def input(self, name: str, shape, dtype: str = "f32") -> Tensor:
+        """An input the caller gives each run, of fixed `shape` and `dtype` ("f32" or "i32")."""
         return Tensor(self, self.e.leaf("input", name, shape, dtype))
 
     def param(self, name: str, value, frozen: bool = False) -> Tensor:
+        """A parameter named `name` (saved and loaded by that name) holding `value` (f32);
+        `frozen`: never trained."""
         value = np.asarray(value, dtype=np.float32)
         if frozen:
             self.g.frozen.add(name)
@@ -111,28 +126,34 @@ class Builder:
         """A constant tensor of integer ids (indices for gather, class ids)."""
         return Tensor(self, self.e.constant(value, dtype="i32"))
 
-    def const(self, value: float) -> Tensor:
-        return Tensor(self, self.e.const(value))
+    def const(self, value: float, dtype: str = "f32") -> Tensor:
+        return Tensor(self, self.e.const(value, dtype))
 
-    def lift(self, x) -> Tensor:
+    def lift(self, x, dtype: str = "f32") -> Tensor:
+        """A Tensor as it is; a scalar as a constant (of `dtype` when it is an integer's)."""
         if isinstance(x, Tensor):
             return x
         if np.ndim(x) == 0:
-            return self.const(float(x))
+            whole = dtype == "i32" and float(x) == int(x)
+            return self.const(int(x), "i32") if whole else self.const(float(x))
         raise TypeError("only scalars mix with tensors; wrap arrays with Builder.param(..., frozen=True)")
 
     def output(self, name: str, t: Tensor) -> Tensor:
+        """Make `t` the model's output `name`; returns `t`."""
         self.g.outputs[name] = t.id
         return t
 
     def build(self) -> Model:
+        """The Model built so far, for compile_model (ValueError when it has no output)."""
         if not self.g.outputs:
             raise ValueError("the model has no outputs: call Builder.output(name, tensor)")
         return Model(self.g)
 
     # any row of the op table
     def op(self, name: str, *inputs, **attrs) -> Tensor:
-        ids = [self.lift(t).id for t in inputs]
+        # a scalar beside an integer tensor is an integer constant (when it is whole)
+        dtype = "i32" if any(isinstance(t, Tensor) and t.dtype == "i32" for t in inputs) else "f32"
+        ids = [self.lift(t, dtype).id for t in inputs]
         return Tensor(self, self.e.op(name, *ids, **attrs))
 
     def __getattr__(self, name):
@@ -209,6 +230,19 @@ class Builder:
 
     def pow(self, x, exponent: float) -> Tensor:
         return self.op("pow", x, exponent=float(exponent))
+
+    def argmax(self, x, axis: int = -1, keepdims: bool = False, last: bool = False) -> Tensor:
+        """The index (i32) of the greatest element along `axis`; ties: the first (`last`: the last)."""
+        return self.op("argmax", x, axis=axis, keepdims=keepdims, last=last)
+
+    def argmin(self, x, axis: int = -1, keepdims: bool = False, last: bool = False) -> Tensor:
+        return self.op("argmax", x, axis=axis, keepdims=keepdims, last=last, smallest=True)
+
+    def topk(self, x, k: int, axis: int = -1, largest: bool = True) -> tuple:
+        """(values, i32 indices) of the k greatest (or least) elements along `axis`, best
+        first, ties by lower index."""
+        at = {"k": int(k), "axis": axis, "smallest": not largest}
+        return self.op("topk", x, **at), self.op("topk_indices", x, **at)
 
     def cross_entropy(self, logits, labels, mask=None) -> Tensor:
         ins = [logits, labels] + ([mask] if mask is not None else [])

@@ -62,12 +62,18 @@ class Emitter:
             return existing
         return self.leaf("constant", name, value.shape, dtype, value)
 
-    def const(self, value: float) -> int:
-        """A scalar constant, shared by value."""
-        value = float(value)
-        if value not in self._consts:
-            self._consts[value] = self.g.add(Node("const", "f32", (), (), make_attrs(value=value)))
-        return self._consts[value]
+    def const(self, value: float, dtype: str = "f32") -> int:
+        """A scalar constant, shared by value: f32, or i32 (an integer that fits 32 bits)."""
+        if dtype == "i32":
+            if value != int(value) or not -(1 << 31) <= int(value) < (1 << 31):
+                raise ValueError(f"i32 constant {value!r} is not a 32-bit integer")
+            value = int(value)
+        else:
+            value = float(value)
+        key = value if dtype == "f32" else (value, dtype)
+        if key not in self._consts:
+            self._consts[key] = self.g.add(Node("const", dtype, (), (), make_attrs(value=value)))
+        return self._consts[key]
 
     # small conveniences used by gradient rules and optimizers
     def reshape(self, x: int, shape) -> int:

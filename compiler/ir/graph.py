@@ -58,6 +58,10 @@ class Graph:
     # trainable parameter names in groups laid out one after another in shared buffers
     # (passes/arenas.py): the optimizer updates each group in one kernel
     arenas: tuple = ()
+    # ("input" | "output", name) -> the source model's element type where the GPU's differs
+    # (float16, bfloat16, int64, uint8, bool, ...): the package records it, and a Session
+    # converts at the boundary (an f32 output recorded float16 comes back as float16)
+    io_dtypes: dict = field(default_factory=dict)
     named: dict = field(default_factory=dict, repr=False)  # (leaf op, name) -> id, kept by add()
     # leaf op -> {name: id}, kept by add(): leaves() is called per parameter in places, and a
     # scan of all nodes each time would be quadratic in the graph's size
@@ -79,6 +83,7 @@ class Graph:
         and weight arrays shared (never written in place; copying them takes seconds for a large model)."""
         return Graph(nodes=list(self.nodes), outputs=dict(self.outputs), assigns=dict(self.assigns),
                      values=dict(self.values), frozen=set(self.frozen), named=dict(self.named), arenas=self.arenas,
+                     io_dtypes=dict(self.io_dtypes),
                      by_op={op: dict(v) for op, v in self.by_op.items()})
 
     def leaves(self, op: str) -> dict:

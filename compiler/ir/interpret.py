@@ -43,7 +43,7 @@ def run_graph(graph: Graph, inputs: dict, dtype=np.float64, values: dict | None 
                 raise ValueError(f"{n.op} {name!r} has shape {v.shape}, the graph says {n.shape}")
             env[i] = v
         elif n.op == "const":
-            env[i] = fdt.type(n.attr("value"))
+            env[i] = np.int32(n.attr("value")) if n.dtype == "i32" else fdt.type(n.attr("value"))
         else:
             out = OPS[n.op].reference([env[j] for j in n.inputs], dict(n.attrs))
             out = np.asarray(out)

@@ -52,7 +52,8 @@ def broadcast_shape(nodes, at):
     return nodes[0].dtype, shape
 
 
-def _float_broadcast(nodes, at):
+def mask_broadcast(nodes, at):
+    """Comparisons: inputs of one dtype, broadcast; a 0 / 1 f32 mask out."""
     return "f32", broadcast_shape(nodes, at)[1]
 
 
@@ -201,6 +202,21 @@ def _mse_ref(xs, at):
 
 def _erf_ref(x):
     return _erf(x).astype(x.dtype)
+
+
+def is_int(x) -> bool:
+    return np.asarray(x).dtype.kind in "iu"
+
+
+def trunc_div(a, b):
+    """Integer division as WGSL's i32 `/`: rounded toward zero, a / 0 is a (in int64: exact)."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    safe = np.where(b == 0, 1, b)
+    return np.where(b == 0, a, np.abs(a) // np.abs(safe) * np.sign(a) * np.sign(safe))
+
+
+def _div_ref(xs, at):
+    return trunc_div(xs[0], xs[1]) if is_int(xs[0]) else xs[0] / xs[1]
 
 
 # ---------------------------------------------------------- gradient rules
@@ -380,9 +396,9 @@ for _name in ("input", "param", "state", "constant", "const"):
 row("add", broadcast_shape, lambda xs, at: xs[0] + xs[1], _g_add, (EW, "({0} + {1})"))
 row("sub", broadcast_shape, lambda xs, at: xs[0] - xs[1], _g_sub, (EW, "({0} - {1})"))
 row("mul", broadcast_shape, lambda xs, at: xs[0] * xs[1], _g_mul, (EW, "({0} * {1})"))
-row("div", broadcast_shape, lambda xs, at: xs[0] / xs[1], _g_div, (EW, "({0} / {1})"))
+row("div", broadcast_shape, _div_ref, _g_div, (EW, "({0} / {1})"))
 row("maximum", broadcast_shape, lambda xs, at: np.maximum(xs[0], xs[1]), _g_maximum, (EW, "max({0}, {1})"))
-row("eq", _float_broadcast, lambda xs, at: (xs[0] == xs[1]).astype(np.float64 if xs[0].dtype == np.float64 else np.float32),
+row("eq", mask_broadcast, lambda xs, at: (xs[0] == xs[1]).astype(np.float64 if xs[0].dtype == np.float64 else np.float32),
     None, (EW, "select(0.0, 1.0, {0} == {1})"))
 row("neg", same_shape, lambda xs, at: -xs[0], _g_neg, (EW, "(-{0})"))
 row("exp", same_shape, lambda xs, at: np.exp(xs[0]), _g_exp, (EW, "exp({0})"))

@@ -306,6 +306,7 @@ row("pad", _pad_shape, _pad_ref, _g_pad, (EW, "{0}"))
 
 
 def _where_shape(nodes, at):
+    assert nodes[1].dtype == nodes[2].dtype, f"where picks between {nodes[1].dtype} and {nodes[2].dtype}"
     shape = np.broadcast_shapes(*(n.shape for n in nodes))
     return nodes[1].dtype, shape
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.builder import Tensor
-from .common import BOOL_TYPE, FLOAT_TYPES, INT_TYPES, flatten_shape, Known
+from .common import BOOL_TYPE, FLOAT_TYPES, I32_RANGE, INT_TYPES, flatten_shape, Known
 
 
 def _unary(opname):
@@ -39,7 +39,7 @@ def _b_mean(im, ins, at):
 
 def _b_abs(im, ins, at):
     x = im.tensor(ins[0])
-    return im.b.op("maximum", x, -x)
+    return im.b.abs(x) if x.dtype == "i32" else im.b.op("maximum", x, -x)
 
 
 def _where_pos(im, x: Tensor, pos, neg) -> Tensor:
@@ -119,7 +119,38 @@ def _b_shrink(im, ins, at):
 
 def _b_sign(im, ins, at):
     x = im.tensor(ins[0])
-    return im.b.step(x) - im.b.step(-x)
+    return im.b.sign(x) if x.dtype == "i32" else im.b.step(x) - im.b.step(-x)
+
+
+def _b_relu(im, ins, at):
+    x = im.tensor(ins[0])
+    return im.b.op("maximum", x, 0) if x.dtype == "i32" else im.b.relu(x)
+
+
+def _b_mod(im, ins, at):
+    """fmod=1: the remainder with the dividend's sign (the `mod` row); fmod=0 (integers only, as
+    ONNX says): with the divisor's sign, r + b where r is nonzero and its sign differs from b's."""
+    a, c = im.pair(ins[0], ins[1])
+    b = im.b
+    r = b.mod(a, c)
+    if at.get("fmod", 0):
+        return r
+    if a.dtype != "i32":
+        raise NotImplementedError(f"node {im.label!r}: Mod of floats with fmod=0 (ONNX asks fmod=1 for floats)")
+    differ = 1.0 - b.eq(b.greater(0, r), b.greater(0, c))
+    return b.where(differ * (1.0 - b.eq(r, 0)), r + c, r)
+
+
+def _b_bitshift(im, ins, at):
+    a, c = im.pair(ins[0], ins[1])
+    return im.b.bitwise(a, c, kind="shl" if at["direction"] == "LEFT" else "shr")
+
+
+def _b_bitwise(kind):
+    def build(im, ins, at):
+        a, c = im.pair(ins[0], ins[1])
+        return im.b.bitwise(a, c, kind=kind)
+    return build
 
 
 def _b_gemm(im, ins, at):
@@ -152,7 +183,23 @@ def _b_pow(im, ins, at):
     if c.size != 1:
         raise NotImplementedError(f"node {im.label!r}: Pow needs a one-element exponent, got {list(c.shape)}")
     x, c = im.tensor(ins[0]), float(c.reshape(()))
+    if x.dtype == "i32":
+        return _int_power(im, x, c)
     return x if c == 1.0 else im.b.pow(x, c)
+
+
+def _int_power(im, x, c: float):
+    """An integer tensor to a whole power 0..64, by squaring and multiplying (wrapping as i32 does)."""
+    if c != int(c) or not 0 <= c <= 64:
+        raise NotImplementedError(f"node {im.label!r}: Pow of an integer tensor to {c:g} (only 0..64)")
+    n, out, sq = int(c), None, x
+    while n:
+        if n & 1:
+            out = sq if out is None else out * sq
+        n >>= 1
+        if n:
+            sq = sq * sq
+    return out if out is not None else im.b.op("broadcast_to", im.b.const(1, "i32"), shape=x.shape)
 
 
 def _b_cast(im, ins, at, to=None):
@@ -185,10 +232,14 @@ def _b_clip(im, ins, at):
     y = im.tensor(ins[0])
     lo = at.get("min", im.opt(ins, 1, "min"))
     hi = at.get("max", im.opt(ins, 2, "max"))
+
+    def bound(v):  # an integer tensor's bounds, clamped to the 32-bit range its values lie in
+        v = np.asarray(v).reshape(())
+        return im.b.const(int(np.clip(v, *I32_RANGE)), "i32") if y.dtype == "i32" else im.b.const(float(v))
     if lo is not None:
-        y = im.b.op("maximum", y, float(np.asarray(lo).reshape(())))
+        y = im.b.op("maximum", y, bound(lo))
     if hi is not None:
-        y = _minimum(im, y, im.b.const(float(np.asarray(hi).reshape(()))))
+        y = _minimum(im, y, bound(hi))
     return y
 
 
@@ -202,7 +253,10 @@ def _b_compare(kind):
         b = im.b
         if kind == "Equal":
             return im.mask(b.op("eq", a, c))
-        gt = b.op("step", a - c) if kind.startswith("Greater") else b.op("step", c - a)
+        if a.dtype == "i32":  # (a - b would overflow)
+            gt = b.greater(a, c) if kind.startswith("Greater") else b.greater(c, a)
+        else:
+            gt = b.op("step", a - c) if kind.startswith("Greater") else b.op("step", c - a)
         return im.mask(gt + b.op("eq", a, c) if kind.endswith("OrEqual") else gt)
     return build
 
@@ -236,6 +290,8 @@ def _reduce_args(im, ins, at, x):
 def _b_reduce(kind):
     def build(im, ins, at):
         b, x = im.b, im.tensor(ins[0])
+        if x.dtype == "i32" and kind not in ("sum", "max", "min"):
+            raise NotImplementedError(f"node {im.label!r}: Reduce {kind} of an integer tensor")
         axes, keep = _reduce_args(im, ins, at, x)
         if axes is None:  # noop_with_empty_axes: the identity (ReduceSumSquare still squares)
             return {"sum_square": lambda: x * x, "l1": lambda: _b_abs(im, ins, at)}.get(kind, lambda: x)()
@@ -272,47 +328,119 @@ def _b_softmax(opname):
     return build
 
 
+def _b_arg(smallest):
+    def build(im, ins, at):
+        return im.b.op("argmax", im.tensor(ins[0]), axis=int(at.get("axis", 0)), keepdims=bool(at.get("keepdims", 1)),
+                       last=bool(at.get("select_last_index", 0)) or None, smallest=smallest or None)
+    return build
+
+
+def _b_topk(im, ins, at):
+    """Values and indices, best first whatever `sorted` says (ONNX leaves the order then free)."""
+    x = im.tensor(ins[0])
+    k = int(np.asarray(im.known(ins[1], "K")).reshape(-1)[0]) if len(ins) > 1 else int(at["k"])
+    axis = int(at.get("axis", -1)) % len(x.shape)
+    if k == 0:
+        raise NotImplementedError(f"node {im.label!r}: TopK with K = 0 (empty outputs)")
+    return list(im.b.topk(x, k, axis, largest=bool(at.get("largest", 1))))
+
+
 # ----------------------------------------------------------------------- einsum
-def _b_einsum(im, ins, at):
-    """One or two operands without repeated or broadcast (...) labels, lowered to
-    transposes, sums and one batched matmul."""
-    b = im.b
-    eq = at["equation"].replace(" ", "")
-    lhs, _, out = eq.partition("->")
+def _einsum_terms(im, equation, ranks):
+    """Operand and output labels with every '...' spelled out as labels of its own
+    (right-aligned across operands, as broadcasting is); implicit output as numpy's."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
     terms = lhs.split(",")
-    if "." in eq or len(terms) != len(ins) or len(terms) > 2:
-        raise NotImplementedError(f"node {im.label!r}: Einsum {eq!r} (only 1-2 operands without '...')")
-    if "->" not in eq:
+    if len(terms) != len(ranks):
+        raise ValueError(f"node {im.label!r}: Einsum {eq!r} has {len(terms)} terms for {len(ranks)} inputs")
+    dots = [r - len(t.replace("...", "")) for t, r in zip(terms, ranks)]
+    width = max([d for t, d in zip(terms, dots) if "..." in t] + [0])
+    ell = [chr(0x100 + i) for i in range(width)]  # labels no equation uses
+    terms = [t.replace("...", "".join(ell[width - d:])) if "..." in t else t for t, d in zip(terms, dots)]
+    if not arrow:
         letters = "".join(terms)
-        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
-    xs = [im.tensor(n) for n in ins]
-    if any(len(set(t)) != len(t) for t in terms + [out]):
-        raise NotImplementedError(f"node {im.label!r}: Einsum {eq!r} with a repeated label (diagonal)")
+        out = "".join(ell) + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell))
+    else:
+        out = out.replace("...", "".join(ell))
+    for t, r in zip(terms, ranks):
+        if len(t) != r or not all(c.isalpha() or c in ell for c in t):
+            raise ValueError(f"node {im.label!r}: Einsum {eq!r} does not fit inputs of ranks {ranks}")
+    if len(set(out)) != len(out) or any(c not in "".join(terms) for c in out):
+        raise ValueError(f"node {im.label!r}: Einsum {eq!r} has a bad output")
+    return terms, out
 
-    def drop(x, t, keep):  # sum out labels that no one else needs
-        axes = [i for i, c in enumerate(t) if c not in keep]
-        if axes:
-            x = b.sum(x, axes, False)
-            t = "".join(c for c in t if c in keep)
+
+def _einsum_diagonal(b, x, t):
+    """(x, labels) with each repeated label's diagonal taken: (x, unique labels)."""
+    while len(set(t)) < len(t):
+        c = next(c for c in t if t.count(c) > 1)
+        p0 = t.index(c)
+        p1 = t.index(c, p0 + 1)
+        n = x.shape[p0]
+        rest = [a for a in range(len(t)) if a not in (p0, p1)]
+        x = b.reshape(b.transpose(x, rest + [p0, p1]), tuple(x.shape[a] for a in rest) + (n * n,))
+        rank = len(x.shape)
+        x = b.slice(x, starts=(0,) * rank, steps=(1,) * (rank - 1) + (n + 1,), shape=x.shape[:-1] + (n,))
+        t = "".join(t[a] for a in rest) + c
+    return x, t
+
+
+def _einsum_sum(b, x, t, keep):
+    """Sum out the labels not in `keep`."""
+    axes = [a for a, c in enumerate(t) if c not in keep]
+    if not axes:
         return x, t
+    return b.sum(x, axes, False), "".join(c for c in t if c in keep)
 
-    if len(xs) == 1:
-        x, t = drop(xs[0], terms[0], out)
-        return b.transpose(x, [t.index(c) for c in out])
-    (x, ta), (y, tb) = drop(xs[0], terms[0], out + terms[1]), drop(xs[1], terms[1], out + terms[0])
-    batch = [c for c in ta if c in tb and c in out]
-    contract = [c for c in ta if c in tb and c not in out]
-    left = [c for c in ta if c not in tb]
-    right = [c for c in tb if c not in ta]
-    size = {**dict(zip(ta, x.shape)), **dict(zip(tb, y.shape))}
-    prod = lambda cs: int(np.prod([size[c] for c in cs]))
-    x = b.reshape(b.transpose(x, [ta.index(c) for c in batch + left + contract]),
-                  (prod(batch), prod(left), prod(contract)))
-    y = b.reshape(b.transpose(y, [tb.index(c) for c in batch + contract + right]),
-                  (prod(batch), prod(contract), prod(right)))
-    z = b.reshape(b.matmul(x, y), tuple(size[c] for c in batch + left + right))
-    got = batch + left + right
-    return b.transpose(z, [got.index(c) for c in out])
+
+def _einsum_pair(b, x, t, y, u, keep, size):
+    """The product of two operands, labels outside `keep` summed: a batched matmul (a
+    broadcasting mul when nothing is summed)."""
+    x, t = _einsum_sum(b, x, t, keep | set(u))
+    y, u = _einsum_sum(b, y, u, keep | set(t))
+    batch = [c for c in t if c in u and c in keep]
+    contract = [c for c in t if c in u and c not in keep]
+    left, right = [c for c in t if c not in u], [c for c in u if c not in t]
+    for c in batch + contract:  # a shared label of size 1 on one side broadcasts
+        if x.shape[t.index(c)] != size[c]:
+            x = b.op("broadcast_to", x, shape=tuple(size[k] if k == c else d for k, d in zip(t, x.shape)))
+        if y.shape[u.index(c)] != size[c]:
+            y = b.op("broadcast_to", y, shape=tuple(size[k] if k == c else d for k, d in zip(u, y.shape)))
+    dims = lambda cs: tuple(size[c] for c in cs)
+    prod = lambda cs: int(np.prod(dims(cs)))
+    if not contract:
+        xm = b.reshape(b.transpose(x, [t.index(c) for c in batch + left]), dims(batch + left) + (1,) * len(right))
+        ym = b.reshape(b.transpose(y, [u.index(c) for c in batch + right]),
+                       dims(batch) + (1,) * len(left) + dims(right))
+        return xm * ym, "".join(batch + left + right)
+    xm = b.reshape(b.transpose(x, [t.index(c) for c in batch + left + contract]),
+                   (prod(batch), prod(left), prod(contract)))
+    ym = b.reshape(b.transpose(y, [u.index(c) for c in batch + contract + right]),
+                   (prod(batch), prod(contract), prod(right)))
+    return b.reshape(b.matmul(xm, ym), dims(batch + left + right)), "".join(batch + left + right)
+
+
+def _b_einsum(im, ins, at):
+    """Any equation torch.einsum accepts (repeated labels: diagonals; '...'; sums; outer
+    products), lowered to slices, transposes, reshapes, sums, broadcasting muls and
+    batched matmuls, operands combined left to right."""
+    b = im.b
+    xs = [im.tensor(n) for n in ins]
+    terms, out = _einsum_terms(im, at["equation"], [len(x.shape) for x in xs])
+    ops = [_einsum_diagonal(b, x, t) for x, t in zip(xs, terms)]
+    size = {}
+    for x, t in ops:
+        for c, d in zip(t, x.shape):
+            if size.get(c, 1) not in (1, d) and d != 1:
+                raise ValueError(f"node {im.label!r}: Einsum label {c!r} has sizes {size[c]} and {d}")
+            size[c] = max(size.get(c, 1), d)
+    x, t = ops[0]
+    for k in range(1, len(ops)):
+        keep = set(out).union(*(set(u) for _, u in ops[k + 1:]))
+        x, t = _einsum_pair(b, x, t, *ops[k], keep, size)
+    x, t = _einsum_sum(b, x, t, set(out))
+    return b.transpose(x, [t.index(c) for c in out])
 
 
 BUILD_MATH = {
@@ -327,7 +455,7 @@ BUILD_MATH = {
     "Min": _variadic(_minimum),
     "Sum": _variadic(lambda im, a, c: a + c),
     "Mean": _b_mean,
-    "Relu": _unary("relu"),
+    "Relu": _b_relu,
     "Sigmoid": _unary("sigmoid"),
     "Tanh": _unary("tanh"),
     "Exp": _unary("exp"),
@@ -365,6 +493,15 @@ BUILD_MATH = {
     "And": _b_logic("And"),
     "Or": _b_logic("Or"),
     "Xor": _b_logic("Xor"),
+    "Mod": _b_mod,
+    "BitShift": _b_bitshift,
+    "BitwiseAnd": _b_bitwise("and"),
+    "BitwiseOr": _b_bitwise("or"),
+    "BitwiseXor": _b_bitwise("xor"),
+    "BitwiseNot": lambda im, ins, at: im.b.bit_not(im.tensor(ins[0])),
+    "ArgMax": _b_arg(False),
+    "ArgMin": _b_arg(True),
+    "TopK": _b_topk,
     "ReduceSum": _b_reduce("sum"),
     "ReduceMean": _b_reduce("mean"),
     "ReduceMax": _b_reduce("max"),

@@ -1,16 +1,20 @@
 """Graph builders for convolutions, pooling, normalisation and resizing. 1-D ops run
-as their 2-D row with a height of 1; 3-D ones are not supported."""
+as their 2-D row with a height of 1; 3-D ones as 2-D rows over depth slices: a 3-D
+convolution is one 2-D convolution of the kernel's depth slices stacked as channels,
+a 3-D max pool the maximum of 2-D pools of depth slices, an average pool (also a dilated
+2-D one) a window sum by convolution with ones divided by each window's count."""
 from __future__ import annotations
 
 import numpy as np
 
-from .common import as_ints, Known
+from ..ir.ops_nn import conv_out
+from .common import Known, as_ints
 
 
 def _spatial(im, x, op):
     nd = len(x.shape) - 2
-    if nd not in (1, 2):
-        raise NotImplementedError(f"node {im.label!r}: {op} over {nd} spatial dimensions (only 1-D and 2-D)")
+    if nd not in (1, 2, 3):
+        raise NotImplementedError(f"node {im.label!r}: {op} over {nd} spatial dimensions (only 1-D to 3-D)")
     return nd
 
 
@@ -53,23 +57,68 @@ def _from2d(im, y, nd):
 def _bias(im, y, ins, i):
     if len(ins) > i and ins[i]:
         c = im.tensor(ins[i])
-        y = y + im.b.reshape(c, (c.shape[0], 1, 1))
+        y = y + im.b.reshape(c, (c.shape[0],) + (1,) * (len(y.shape) - 2))
     return y
 
 
 def _b_conv(im, ins, at):
     x, w = im.tensor(ins[0]), im.tensor(ins[1])
     nd = _spatial(im, x, "Conv")
+    if nd == 3:
+        return _bias(im, _conv3d(im, x, w, at), ins, 2)
     s, d, p = _geometry(at, x, w.shape[2:], nd, "Conv")
     y = im.b.conv2d(_to2d(im, x, nd), _to2d(im, w, nd), stride=s, padding=p, dilation=d,
                     groups=int(at.get("group", 1)))
     return _from2d(im, _bias(im, y, ins, 2), nd)
 
 
-def _b_conv_transpose(im, ins, at):
-    x, w = im.tensor(ins[0]), im.tensor(ins[1])
-    nd = _spatial(im, x, "ConvTranspose")
-    sizes, kernel = x.shape[2:], w.shape[2:]
+def _depth_first(b, t):
+    """[N, C, D, ...] <-> [N, D, C, ...]."""
+    return b.transpose(t, (0, 2, 1) + tuple(range(3, len(t.shape))))
+
+
+def _conv3d(im, x, w, at):
+    """One conv2d over [N * Do, kD * C, H, W]: the input's depth slices that each kernel
+    depth tap reads, stacked as channels (grouped as the weight's [O, kD * C/g, kh, kw])."""
+    b = im.b
+    n, c, depth = x.shape[:3]
+    o, cg, kd = w.shape[:3]
+    groups = int(at.get("group", 1))
+    strides = as_ints(at.get("strides", [1] * 3))
+    dil = as_ints(at.get("dilations", [1] * 3))
+    p = _pads(at, x.shape[2:], w.shape[2:], strides, dil, 3, "Conv")
+    do = conv_out(depth, kd, strides[0], p[0], p[3], dil[0])
+    xp = _pad_depth(b, x, p[0], max(depth + p[0] + p[3], (do - 1) * strides[0] + (kd - 1) * dil[0] + 1), 0.0)
+    taps = []
+    for t in range(kd):
+        sl = _depth_slice(b, xp, t * dil[0], strides[0], do)
+        taps.append(b.reshape(_depth_first(b, sl), (n * do, groups, 1, cg) + x.shape[3:]))
+    stacked = b.reshape(taps[0] if kd == 1 else b.concat(*taps, axis=2), (n * do, kd * c) + x.shape[3:])
+    w2 = b.reshape(b.transpose(w, (0, 2, 1, 3, 4)), (o, kd * cg) + w.shape[3:])
+    y = b.conv2d(stacked, w2, stride=tuple(strides[1:]), padding=(p[1], p[2], p[4], p[5]), dilation=tuple(dil[1:]),
+                 groups=groups)
+    return _depth_first(b, b.reshape(y, (n, do) + y.shape[1:]))
+
+
+def _pad_depth(b, x, begin, length, value):
+    """x with its depth (axis 2) placed at `begin` in `length` slots filled with `value`."""
+    if begin == 0 and length == x.shape[2]:
+        return x
+    shape = x.shape[:2] + (length,) + x.shape[3:]
+    return b.pad(x, starts=(0, 0, begin) + (0,) * (len(x.shape) - 3), steps=(1,) * len(x.shape), shape=shape,
+                 value=value)
+
+
+def _depth_slice(b, x, start, step, count):
+    if start == 0 and step == 1 and count == x.shape[2]:
+        return x
+    rank = len(x.shape)
+    return b.slice(x, starts=(0, 0, start) + (0,) * (rank - 3), steps=(1, 1, step if count > 1 else 1) + (1,) * (rank - 3),
+                   shape=x.shape[:2] + (count,) + x.shape[3:])
+
+
+def _convT_geometry(at, sizes, kernel, nd):
+    """strides, dilations, output padding, pads (begin..., end...) of a ConvTranspose."""
     strides = as_ints(at.get("strides", [1] * nd))
     dil = as_ints(at.get("dilations", [1] * nd))
     outpad = as_ints(at.get("output_padding", [0] * nd))
@@ -85,11 +134,18 @@ def _b_conv_transpose(im, ins, at):
             hi = total // 2 if auto != "SAME_UPPER" else total - total // 2
             begin.append(total - hi)
             end.append(hi)
-        pads = begin + end
-    elif auto == "VALID" or auto == "NOTSET":
-        pads = as_ints(at.get("pads", [0] * (2 * nd))) if auto == "NOTSET" else [0] * (2 * nd)
-    else:
-        raise NotImplementedError(f"ConvTranspose auto_pad {auto!r}")
+        return strides, dil, outpad, begin + end
+    if auto in ("VALID", "NOTSET"):
+        return strides, dil, outpad, as_ints(at.get("pads", [0] * (2 * nd))) if auto == "NOTSET" else [0] * (2 * nd)
+    raise NotImplementedError(f"ConvTranspose auto_pad {auto!r}")
+
+
+def _b_conv_transpose(im, ins, at):
+    x, w = im.tensor(ins[0]), im.tensor(ins[1])
+    nd = _spatial(im, x, "ConvTranspose")
+    strides, dil, outpad, pads = _convT_geometry(at, x.shape[2:], w.shape[2:], nd)
+    if nd == 3:
+        return _bias(im, _conv_transpose3d(im, x, w, int(at.get("group", 1)), strides, dil, outpad, pads), ins, 2)
     if nd == 1:
         s, d, p, op = (1, strides[0]), (1, dil[0]), (0, pads[0], 0, pads[1]), (0, outpad[0])
     else:
@@ -97,6 +153,29 @@ def _b_conv_transpose(im, ins, at):
     y = im.b.conv_transpose2d(_to2d(im, x, nd), _to2d(im, w, nd), stride=s, padding=p, dilation=d,
                               groups=int(at.get("group", 1)), output_padding=op)
     return _from2d(im, _bias(im, y, ins, 2), nd)
+
+
+def _conv_transpose3d(im, x, w, groups, strides, dil, outpad, pads):
+    """One conv_transpose2d per input depth slice with every kernel depth tap as more output
+    channels; each tap's outputs are then placed at depth i * stride + tap * dilation."""
+    b = im.b
+    n, c, depth = x.shape[:3]
+    _, og, kd = w.shape[:3]
+    xr = b.reshape(_depth_first(b, x), (n * depth, c) + x.shape[3:])
+    w2 = b.reshape(b.transpose(w, (0, 2, 1, 3, 4)), (c, kd * og) + w.shape[3:])
+    y = b.conv_transpose2d(xr, w2, stride=tuple(strides[1:]), padding=(pads[1], pads[2], pads[4], pads[5]),
+                           dilation=tuple(dil[1:]), groups=groups, output_padding=tuple(outpad[1:]))
+    ho, wo = y.shape[2:]
+    y = b.transpose(b.reshape(y, (n, depth, groups, kd, og, ho, wo)), (3, 0, 2, 4, 1, 5, 6))  # [kD, N, g, og, D, ...]
+    length = (depth - 1) * strides[0] + (kd - 1) * dil[0] + 1 + outpad[0]
+    total = None
+    for t in range(kd):
+        yt = b.reshape(b.slice(y, starts=(t,) + (0,) * 6, steps=(1,) * 7, shape=(1,) + y.shape[1:]),
+                       (n, groups * og, depth, ho, wo))
+        placed = b.pad(yt, starts=(0, 0, t * dil[0], 0, 0), steps=(1, 1, strides[0], 1, 1),
+                       shape=(n, groups * og, length, ho, wo), value=0.0)
+        total = placed if total is None else total + placed
+    return _depth_slice(b, total, pads[0], 1, length - pads[0] - pads[3])
 
 
 def pool_builder(kind):
@@ -107,19 +186,81 @@ def pool_builder(kind):
         if len(im.node.output) > 1 and im.node.output[1]:
             raise NotImplementedError(f"node {im.label!r}: MaxPool's Indices output")
         kernel = as_ints(at["kernel_shape"])
+        ceil = bool(at.get("ceil_mode", 0))
+        if kind == "avg" and (nd == 3 or any(d != 1 for d in as_ints(at.get("dilations", [1] * nd)))):
+            return _avg_pool_by_sums(im, x, at, kernel, nd, ceil)
+        if nd == 3:
+            return _max_pool3d(im, x, at, kernel, ceil)
         s, d, p = _geometry(at, x, kernel, nd, op)
         k = tuple(kernel) if nd == 2 else (1, kernel[0])
-        ceil = bool(at.get("ceil_mode", 0))
         if kind == "max":
             y = im.b.max_pool2d(_to2d(im, x, nd), kernel=k, stride=s, padding=p, dilation=d, ceil_mode=ceil)
         else:
-            if d != (1, 1):
-                raise NotImplementedError(f"node {im.label!r}: AveragePool with dilations {list(d)}")
             include = bool(at.get("count_include_pad", 0))
             y = im.b.avg_pool2d(_to2d(im, x, nd), kernel=k, stride=s, padding=p, ceil_mode=ceil,
                                 count_include_pad=include)
         return _from2d(im, y, nd)
     return build
+
+
+def _pool_geometry(at, x, kernel, nd, ceil, op):
+    """strides, dilations, pads (begin..., end...), output sizes of a pool."""
+    strides = as_ints(at.get("strides", [1] * nd))
+    dil = as_ints(at.get("dilations", [1] * nd))
+    p = _pads(at, x.shape[2:], kernel, strides, dil, nd, op)
+    outs = [conv_out(x.shape[2 + i], kernel[i], strides[i], p[i], p[nd + i], dil[i], ceil) for i in range(nd)]
+    return strides, dil, p, outs
+
+
+def _max_pool3d(im, x, at, kernel, ceil):
+    """The maximum over the kernel's depth taps of 2-D max pools of depth slices (padded with -inf)."""
+    b = im.b
+    strides, dil, p, (do, ho, wo) = _pool_geometry(at, x, kernel, 3, ceil, "MaxPool")
+    n, c, depth = x.shape[:3]
+    length = max(depth + p[0] + p[3], (do - 1) * strides[0] + (kernel[0] - 1) * dil[0] + 1)
+    xp = _pad_depth(b, x, p[0], length, float("-inf"))
+    y = None
+    for t in range(kernel[0]):
+        sl = b.reshape(_depth_slice(b, xp, t * dil[0], strides[0], do), (n, c * do) + x.shape[3:])
+        m = b.max_pool2d(sl, kernel=tuple(kernel[1:]), stride=tuple(strides[1:]), padding=(p[1], p[2], p[4], p[5]),
+                         dilation=tuple(dil[1:]), ceil_mode=ceil)
+        y = m if y is None else b.op("maximum", y, m)
+    return b.reshape(y, (n, c, do, ho, wo))
+
+
+def _avg_pool_by_sums(im, x, at, kernel, nd, ceil):
+    """Window sums (a convolution with ones per depth tap) divided by each window's count:
+    the taps inside the input, or with count_include_pad inside the padded input."""
+    b = im.b
+    strides, dil, p, outs = _pool_geometry(at, x, kernel, nd, ceil, "AveragePool")
+    lift = 3 - nd  # as 3-D with unit leading spatial axes
+    k3, s3, d3 = [1] * lift + kernel, [1] * lift + strides, [1] * lift + dil
+    lo, hi, o3 = [0] * lift + p[:nd], [0] * lift + p[nd:], [1] * lift + outs
+    n, c = x.shape[:2]
+    x5 = b.reshape(x, (n, c) + (1,) * lift + x.shape[2:])
+    size = x5.shape[2:]
+    ones = b.constant(np.ones((1, 1, k3[1], k3[2])))
+    # conv2d's output has floor sizes: ceil mode's last window gets more zero padding
+    extra = [max(0, (o3[i] - 1) * s3[i] + (k3[i] - 1) * d3[i] + 1 - (size[i] + lo[i] + hi[i])) for i in range(3)]
+    xp = _pad_depth(b, x5, lo[0], size[0] + lo[0] + hi[0] + extra[0], 0.0)
+    total = None
+    for t in range(k3[0]):
+        sl = b.reshape(_depth_slice(b, xp, t * d3[0], s3[0], o3[0]), (n * c * o3[0], 1) + size[1:])
+        y = b.conv2d(sl, ones, stride=tuple(s3[1:]), padding=(lo[1], lo[2], hi[1] + extra[1], hi[2] + extra[2]),
+                     dilation=tuple(d3[1:]))
+        total = y if total is None else total + y
+    include = bool(at.get("count_include_pad", 0))
+    counts = [_window_counts(size[i], k3[i], s3[i], d3[i], lo[i], hi[i], o3[i], include) for i in range(3)]
+    div = counts[0][:, None, None] * counts[1][None, :, None] * counts[2][None, None, :]
+    y = b.reshape(total, (n, c) + tuple(o3)) * b.constant(1.0 / div)
+    return b.reshape(y, (n, c) + tuple(outs))
+
+
+def _window_counts(size, k, s, d, lo, hi, outs, include):
+    """Taps of each window along one axis that fall inside the input (or the padded input)."""
+    taps = np.arange(outs)[:, None] * s + np.arange(k)[None, :] * d - lo  # input positions
+    first, end = (-lo, size + hi) if include else (0, size)
+    return ((taps >= first) & (taps < end)).sum(axis=1).astype(np.float64)
 
 
 def _b_global_pool(kind):

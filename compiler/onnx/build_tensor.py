@@ -83,8 +83,6 @@ def _b_gather(im, ins, at):
         ids = im.tensor(ins[1])
         if ids.dtype != "i32":
             raise NotImplementedError(f"node {im.label!r}: Gather indices must be integers")
-    if x.dtype != "f32":
-        raise NotImplementedError(f"node {im.label!r}: Gather of an integer tensor by computed indices")
     if axis == 0:
         return b.gather(x, ids)
     perm = [axis] + [a for a in range(rank) if a != axis]
@@ -152,8 +150,8 @@ def _b_concat(im, ins, at):
         raise NotImplementedError(f"node {im.label!r}: Concat of empty tensors")
     if len(ts) == 1:
         return ts[0]
-    if len({t.dtype for t in ts}) != 1 or ts[0].dtype != "f32":
-        raise NotImplementedError(f"node {im.label!r}: Concat of integer tensors")
+    if len({t.dtype for t in ts}) != 1:
+        raise NotImplementedError(f"node {im.label!r}: Concat of integer and float tensors")
     return im.b.concat(*ts, axis=int(at["axis"]) % len(ts[0].shape))
 
 
@@ -178,8 +176,9 @@ def _b_where(im, ins, at):
         cond = im.mask_of(ins[0])
     x, y = im.env[ins[1]], im.env[ins[2]]
     ref = cond if isinstance(x, Known) and isinstance(y, Known) else None
-    tx = im.operand(ins[1], ref or (y if not isinstance(y, Known) else x))
-    ty = im.operand(ins[2], ref or tx)
+    dtype = "i32" if ref is not None and x.value.dtype.kind in "iu" else None
+    tx = im.operand(ins[1], ref or (y if not isinstance(y, Known) else x), dtype)
+    ty = im.operand(ins[2], ref or tx, dtype)
     out = im.b.op("where", cond, tx, ty)
     if tx.id in im.masks and ty.id in im.masks:
         im.mask(out)
@@ -240,7 +239,11 @@ BUILD_TENSOR = {
 # ops that may read integer tensors (the others raise NotImplementedError on them)
 INT_OK = frozenset({"Identity", "Dropout", "Reshape", "Flatten", "Transpose", "Unsqueeze", "Squeeze", "Expand",
                     "Gather", "Slice", "Split", "Tile", "Cast", "CastLike", "DepthToSpace", "SpaceToDepth",
-                    "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "Attention", "RotaryEmbedding"})
+                    "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "Attention", "RotaryEmbedding",
+                    "Concat", "Pad", "Where", "Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Sum", "Neg", "Abs",
+                    "Sign", "Relu", "Clip", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not",
+                    "And", "Or", "Xor", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot",
+                    "ArgMax", "ArgMin", "TopK", "ReduceSum", "ReduceMax", "ReduceMin", "Pow"})
 
 # inputs that ops read as constants (shapes, axes, bounds): integer tensors there are
 # not computed on; the builder asks for their value (and says it must be known)

@@ -13,6 +13,28 @@ FOLDED_FROM_KEY = "pkg.onnxscript.optimizer.folded_from"
 FLOAT_TYPES = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 INT_TYPES = frozenset({2, 3, 4, 5, 6, 7, 9, 12, 13})  # (U)INT8-64, BOOL
 BOOL_TYPE = 9
+DOUBLE_TYPE = 11
+# element types computed as f32 / i32 on the GPU whose values a Session converts at the
+# boundary: ONNX type -> the name the package records (numpy's, and bfloat16)
+SOURCE_DTYPES = {10: "float16", 16: "bfloat16", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 7: "int64",
+                 9: "bool", 12: "uint32", 13: "uint64"}
+I32_RANGE = (-(1 << 31), (1 << 31) - 1)
+
+
+def refuse_double(what: str):
+    """The error for a float64 value at the graph's boundary."""
+    return NotImplementedError(f"{what} is double (float64): meganeura computes in float32; export the model "
+                               "in float32 (e.g. model.float() before torch.onnx.export)")
+
+
+def as_i32(name: str, arr) -> np.ndarray:
+    """An integer array as int32, refusing values beyond the 32-bit range meganeura computes in."""
+    arr = np.asarray(arr)
+    if arr.size and arr.dtype.kind in "iu" and (arr.min() < I32_RANGE[0] or arr.max() > I32_RANGE[1]):
+        bad = np.argwhere((arr < I32_RANGE[0]) | (arr > I32_RANGE[1]))[0]
+        raise NotImplementedError(f"integer constant {name!r} holds {arr[tuple(bad)]} at index "
+                                  f"{tuple(int(i) for i in bad)}, outside the 32-bit range integers are computed in")
+    return arr.astype(np.int32)
 
 
 @dataclass
@@ -34,7 +56,7 @@ def parse_names(text):
 
 
 def is_scalar(v):
-    return isinstance(v, Known) and v.kind == "const" and v.value.size == 1 and v.value.dtype.kind == "f"
+    return isinstance(v, Known) and v.kind == "const" and v.value.size == 1 and v.value.dtype.kind in "fiu"
 
 
 def node_attrs(node) -> dict:

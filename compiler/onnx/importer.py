@@ -22,8 +22,11 @@ and the MatMul becomes matmul(trans_b). The TorchScript exporter does not: its
 with `do_constant_folding=False`, which keeps Transpose(W) (imported as trans_b too).
 
 Booleans computed in the graph (Equal, Less, Not, ...) are float tensors holding 0 or 1
-("masks"); integer tensors (i32) are only moved around (Reshape, Gather, Slice, ...),
-cast, or used as gather indices. See docs/ONNX.md for the list of ops.
+("masks"); integers of every width are i32 tensors (constants beyond 32 bits are refused
+here, inputs by the runtime). float16 and bfloat16 are computed in f32, double is refused.
+Where a graph input's or output's element type differs from what the GPU holds, the graph
+records it (Graph.io_dtypes) and a Session converts at the boundary. See docs/ONNX.md
+for the list of ops.
 """
 from __future__ import annotations
 
@@ -32,13 +35,23 @@ import os
 import numpy as np
 
 from ..ir.builder import Builder, Model, Tensor
-from .common import FLOAT_TYPES, FOLDED_FROM_KEY, INT_TYPES, INPUT_KIND_KEY, node_attrs, is_scalar, Known, parse_names
+from .common import (BOOL_TYPE, DOUBLE_TYPE, FLOAT_TYPES, FOLDED_FROM_KEY, INT_TYPES, INPUT_KIND_KEY, SOURCE_DTYPES,
+                     Known, as_i32, is_scalar, node_attrs, parse_names, refuse_double)
 
 
 def load_onnx(source, batch_size: int | None = None) -> Model:
-    """Import an ONNX model (a path, bytes, or an onnx.ModelProto) into a Model.
+    """Import an ONNX model into a Model, weights by their initializer names.
 
-    A dynamic first dimension of a graph input becomes `batch_size` (default 64).
+    Args:
+        source: a path, the file's bytes, or an onnx.ModelProto.
+        batch_size: what a dynamic first dimension of a graph input becomes (None: 64).
+
+    Returns:
+        The Model, for compile_model.
+
+    Raises:
+        NotImplementedError: an operator, attribute or input type it does not support (docs/ONNX.md).
+        ValueError: an inconsistent graph, or a dynamic dimension other than the batch.
     """
     import onnx
 
@@ -65,6 +78,7 @@ class _Importer:
         self.label = ""
         self.node = None
         self.masks = set()  # ids of float tensors that hold an ONNX bool as 0.0 / 1.0
+        self.users = {}  # parameter name -> the names of the nodes reading it (LoRA targets match them)
         g = proto.graph
         self.inits = {i.name for i in g.initializer}
         meta = {vi.name: {p.key: p.value for p in vi.metadata_props} for vi in list(g.value_info) + list(g.input)}
@@ -94,13 +108,31 @@ class _Importer:
         for node in g.node:
             self._node(node)
         for vi in g.output:
-            self.b.output(vi.name, self.tensor(vi.name))
-        return self.b.build()
+            self.b.output(vi.name, self._output(vi))
+        model = self.b.build()
+        model.param_users = {name: tuple(nodes) for name, nodes in self.users.items()}
+        return model
+
+    def _output(self, vi) -> Tensor:
+        """A graph output as a tensor of the GPU type its element type maps to (bool: a mask)."""
+        elem = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+        if elem == DOUBLE_TYPE:
+            raise refuse_double(f"graph output {vi.name!r}")
+        if elem in SOURCE_DTYPES:
+            self.b.g.io_dtypes[("output", vi.name)] = SOURCE_DTYPES[elem]
+        t = self.mask_of(vi.name) if elem == BOOL_TYPE else self.tensor(vi.name)
+        want = "f32" if elem in FLOAT_TYPES or elem == BOOL_TYPE else "i32" if elem in INT_TYPES else t.dtype
+        if t.dtype != want:
+            return self.b.op("cast", t, to=want)
+        # a scalar constant (a folded Size) has no buffer: an output is computed into one
+        return self.b.op("broadcast_to", t, shape=()) if self.b.g.nodes[t.id].op == "const" else t
 
     def _input(self, vi):
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
             raise NotImplementedError(f"graph input {vi.name!r} is not a tensor with a shape")
+        if tt.elem_type == DOUBLE_TYPE:
+            raise refuse_double(f"graph input {vi.name!r}")
         if tt.elem_type in FLOAT_TYPES:
             dtype = "f32"
         elif tt.elem_type in INT_TYPES:
@@ -121,10 +153,16 @@ class _Importer:
                 raise ValueError(f"graph input {vi.name!r}: dimension {axis} is dynamic ({what}); "
                                  "only the first (batch) dimension may be dynamic")
         t = self.b.input(vi.name, tuple(shape), dtype)
-        if tt.elem_type == 9:  # BOOL: 0 / 1 as i32
+        if tt.elem_type in SOURCE_DTYPES:
+            self.b.g.io_dtypes[("input", vi.name)] = SOURCE_DTYPES[tt.elem_type]
+        if tt.elem_type == BOOL_TYPE:  # 0 / 1 as i32
             t = self.b.op("cast", t, to="f32")
             self.masks.add(t.id)
         return t
+
+    def import_node(self, node):
+        """Import one node: also a node of an If / Loop / Scan body (build_seq.py)."""
+        self._node(node)
 
     def _node(self, node):
         from .tables import BUILD, FOLD, INT_OK, PARAM_INPUTS
@@ -139,6 +177,9 @@ class _Importer:
                 raise ValueError(f"node {label!r} ({op}) reads {name!r}, which nothing produced before it")
         at = node_attrs(node)
         ins = [self.env[n] for n in node.input]
+        for v in ins:
+            if isinstance(v, Known) and v.kind == "param":
+                self.users.setdefault(v.name, []).append(label)
         foldable = all(v is None or (isinstance(v, Known) and v.kind == "const") for v in ins)
         if op in ("Shape", "Size", "EyeLike"):  # only the input's shape matters
             s = self.known(node.input[0]).shape if isinstance(ins[0], Known) else ins[0].shape
@@ -162,8 +203,7 @@ class _Importer:
             if op not in INT_OK and any(isinstance(v, Tensor) and v.dtype == "i32" and i not in skip
                                         for i, v in enumerate(ins)):
                 raise NotImplementedError(f"ONNX op {op} (node {label!r}) on an integer tensor is not "
-                                          "supported: integer tensors are only reshaped, sliced, cast "
-                                          "or used as indices")
+                                          "supported (cast it to float)")
             outs = BUILD[op](self, list(node.input), at)
         else:
             if op in FOLD:
@@ -188,16 +228,20 @@ class _Importer:
             return v
         if v.tensor is None:
             arr = v.value
+            if arr.dtype.name == "bfloat16":  # (ml_dtypes' type: computed in f32)
+                arr = arr.astype(np.float32)
             if v.kind == "const" and arr.dtype == np.bool_:
                 v.tensor = self.b.const(float(arr)) if arr.ndim == 0 else self.b.constant(arr.astype(np.float64))
                 self.masks.add(v.tensor.id)
                 return v.tensor
-            if v.kind == "const" and arr.dtype.kind not in "fc":
-                raise NotImplementedError(f"integer constant {name!r} {list(arr.shape)} is used as a "
-                                          "tensor; only float tensors are computed")
             if arr.size == 0:
                 raise NotImplementedError(f"empty tensor {name!r} {list(arr.shape)}")
-            if v.kind == "const" and arr.ndim == 0:
+            if v.kind == "const" and arr.dtype.kind in "iu":
+                ids = as_i32(name, arr)
+                v.tensor = self.b.const(int(ids), "i32") if arr.ndim == 0 else self.b.constant_ids(ids)
+            elif v.kind == "const" and arr.dtype.kind not in "fc":
+                raise NotImplementedError(f"constant {name!r} of {arr.dtype} is used as a tensor")
+            elif v.kind == "const" and arr.ndim == 0:
                 v.tensor = self.b.const(float(arr))
             else:
                 pname = v.name if v.kind != "const" or v.name in self.inits else f"const.{v.name}"
@@ -217,11 +261,15 @@ class _Importer:
         """The known value of optional input i, or None when it is absent."""
         return self.known(ins[i], what) if len(ins) > i and ins[i] else None
 
-    def operand(self, name, other: Tensor | None) -> Tensor:
-        """A binary op's operand: a one-element constant becomes a scalar const."""
+    def operand(self, name, other: Tensor | None, dtype: str | None = None) -> Tensor:
+        """A binary op's operand: a one-element constant becomes a scalar const, of the other
+        operand's dtype (`dtype`, where there is no other)."""
         v = self.env[name]
         if is_scalar(v) and other is not None and v.value.ndim <= len(other.shape):
-            return self.b.const(float(v.value.reshape(())))
+            value = v.value.reshape(())
+            if (dtype or other.dtype) == "i32" and value.dtype.kind in "iu":
+                return self.b.const(int(as_i32(name, value)), "i32")
+            return self.b.const(float(value))
         return self.tensor(name)
 
     def pair(self, a, c):

@@ -139,10 +139,12 @@ class PackageBuilder:
             b, rng = where(s)
             self.tensors.append({"name": oname, "role": "output", "program": name, "dtype": n.dtype,
                                  "shape": list(n.shape), "buffer": b, **({"offset": rng[0]} if rng else {}),
-                                 "init": "none"})
+                                 "init": "none", **_source(g, "output", oname)})
             outputs[oname] = len(self.tensors) - 1
         dispatches = [self._dispatch_with_variants(code, where) for code in codes]
         inputs = {n.attr("name"): self.leaf_tensor[n.attr("name")] for n in g.nodes if n.op == "input"}
+        for iname, t in inputs.items():
+            self.tensors[t].update(_source(g, "input", iname))
         self.programs[name] = {"inputs": inputs, "outputs": outputs, "dispatches": dispatches,
                                "scratch_peak_bytes": int(peak), **(extra or {})}
 
@@ -333,6 +335,13 @@ def _peak(first: dict, last: dict, size_of, end: int) -> int:
         live += d
         peak = max(peak, live)
     return peak
+
+
+def _source(g, role: str, name: str) -> dict:
+    """{"source": element type} where the source model's differs from the tensor's (a Session
+    converts there: runtime/inputs.py, runtime/session.py); else nothing."""
+    src = g.io_dtypes.get((role, name))
+    return {"source": src} if src else {}
 
 
 def _stored(role: str, value) -> bool:

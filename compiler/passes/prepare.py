@@ -18,7 +18,8 @@ from .reductions import reduce_geometry
 
 def prepare(graph: Graph, options: CompileOptions = DEFAULT) -> Graph:
     """A new graph holding only ops that have kernels, views, or leaves."""
-    out = Graph(values=dict(graph.values), frozen=set(graph.frozen), arenas=graph.arenas)
+    out = Graph(values=dict(graph.values), frozen=set(graph.frozen), arenas=graph.arenas,
+                io_dtypes=dict(graph.io_dtypes))
     e = Emitter(out)
     remap = {}
     raw_add = out.add
@@ -51,7 +52,7 @@ def prepare(graph: Graph, options: CompileOptions = DEFAULT) -> Graph:
             if n.op == "reshape" and out.nodes[ins[0]].shape == n.shape:
                 remap[i] = ins[0]
             elif n.op == "const":
-                remap[i] = e.const(n.attr("value"))
+                remap[i] = e.const(n.attr("value"), n.dtype)
             else:
                 remap[i] = add(Node(n.op, n.dtype, n.shape, ins, n.attrs))
     finally:

@@ -32,7 +32,9 @@ from meganeura.compiler.ir.builder import Builder
 from meganeura.compiler.ir.interpret import run_graph
 
 import op_cases_nn  # noqa: F401  (adds the layer cases to the lists)
+import op_cases_index  # noqa: F401  (adds the indexed-write cases)
 import op_cases_optim  # noqa: F401  (adds the optimizer cases)
+import op_cases_int  # noqa: F401  (adds the integer and index cases)
 from op_cases import CASES, FWD_CASES, TINY, Case, _rng, normal
 
 INTERP_TOL = 1e-9  # float64 interpreter vs torch float64
