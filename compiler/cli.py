@@ -1,7 +1,8 @@
 """The `meganeura` command: compile models into packages, and describe packages.
 
     meganeura compile MODEL.onnx -o OUT.mnpk [--train --loss cross_entropy|mse
-        --optimizer sgd|adamw --lr LR [--freeze GLOB]... [--ignore-index N]] [--batch N] [--weights f16]
+        --optimizer sgd|adamw --lr LR [--freeze GLOB]... [--ignore-index N]
+        [--lora RANK --lora-targets GLOB... [--lora-alpha A]]] [--batch N] [--weights f16]
     meganeura info OUT.mnpk
     meganeura --version
 
@@ -26,7 +27,8 @@ from .ir.training import EXACT_INT, TrainConfig
 DEFAULTS = TrainConfig()
 # the options that shape the training step: given without --train, they are refused
 TRAINING_OPTIONS = {"loss": "--loss", "optimizer": "--optimizer", "lr": "--lr", "weight_decay": "--weight-decay",
-                    "clip_norm": "--clip-norm", "freeze": "--freeze", "ignore_index": "--ignore-index"}
+                    "clip_norm": "--clip-norm", "freeze": "--freeze", "ignore_index": "--ignore-index",
+                    "lora_rank": "--lora", "lora_targets": "--lora-targets", "lora_alpha": "--lora-alpha"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,6 +95,18 @@ def _unmatched_freeze(patterns, params) -> str | None:
     return None
 
 
+def _unmatched_lora(model, patterns) -> str | None:
+    """A refusal naming the first --lora-targets glob that matches no matmul weight (by its name,
+    or the name of an ONNX node reading it), with the model's matmul weights; else None."""
+    from .ir.lora import targets
+
+    try:
+        targets(model.graph, patterns or (), getattr(model, "param_users", None))
+    except ValueError as exc:
+        return str(exc).replace("LoRA target", "--lora-targets", 1)
+    return None
+
+
 def _umask() -> int:
     mask = os.umask(0o022)  # (the only way to read it is to set it)
     os.umask(mask)
@@ -126,6 +140,8 @@ def cmd_compile(args) -> int:
             return _refuse(f"{', '.join(given)} only make{'s' if len(given) == 1 else ''} sense with --train")
     elif args.ignore_index is not None and args.loss == "mse":
         return _refuse("--ignore-index applies to --loss cross_entropy only")
+    elif (args.lora_rank is None) != (args.lora_targets is None) or (args.lora_alpha and not args.lora_rank):
+        return _refuse("--lora RANK and --lora-targets GLOB go together (--lora-alpha with them)")
     src = Path(args.model)
     if not src.is_file():
         return _refuse(f"no such model file: {src}")
@@ -133,7 +149,7 @@ def cmd_compile(args) -> int:
         return _refuse(f"{src.name}: only ONNX models (.onnx) compile from the command line; "
                        "use the Python builder API for others")
     train = _train_config(args)
-    if args.weights == "f16" and args.train and not args.freeze and not args.quiet:
+    if args.weights == "f16" and args.train and not args.freeze and not args.lora_rank and not args.quiet:
         print("meganeura: note: --weights f16 stores only weights that training does not update; with --train "
               "and no --freeze every weight trains and stays f32", file=sys.stderr)
     step, close = _progress(6 if train else 4, args.quiet or not sys.stderr.isatty())
@@ -141,6 +157,7 @@ def cmd_compile(args) -> int:
         step("import ONNX")
         model = load_onnx(src, batch_size=args.batch)
         refusal = _unmatched_freeze(train.freeze, model.graph.params) if train else None
+        refusal = refusal or (_unmatched_lora(model, train.lora_targets) if train else None)
         if refusal:
             close()
             return _refuse(refusal)
@@ -217,6 +234,15 @@ def parser() -> argparse.ArgumentParser:
                                                   f"an integer within +-{EXACT_INT - 1}"), metavar="N",
                    help="cross_entropy: rows labelled N leave the loss, as in PyTorch; any other label "
                         f"outside the classes skips the step (default: {d.ignore_index})")
+    t.add_argument("--lora", dest="lora_rank", type=_number(int, lambda v: v >= 1, "an integer >= 1"),
+                   metavar="RANK", help="train low-rank adapters (LoRA, as PEFT) of this rank beside the weights "
+                                        "--lora-targets matches, which stay frozen (default: off)")
+    t.add_argument("--lora-targets", action="append", metavar="GLOB",
+                   help="with --lora: matmul weights to adapt, by parameter name or by the name of an ONNX "
+                        "node reading it, e.g. '*attention*query*' (repeatable) (default: none)")
+    t.add_argument("--lora-alpha", type=_number(float, lambda v: v > 0, "a positive finite number"), metavar="A",
+                   help=f"with --lora: the adapters' output is scaled by A / RANK (default: {d.lora_alpha:g}, "
+                        "as PEFT)")
     c.set_defaults(fn=cmd_compile)
     i = sub.add_parser("info", help="describe a package")
     i.add_argument("package", help="the package to describe, OUT.mnpk")

@@ -3,6 +3,7 @@
 Each stage is one call, in the order a model walks them:
 
     import (onnx/, models/, the Builder)  -> Model
+    ir.lora.add_adapters                  -> the forward graph with LoRA adapters (train.lora_rank)
     ir.training.build_training_graph      -> the training step as a Graph (with `train`)
     passes.prepare                        -> graphs of ops that have kernels
     passes.half_weights                   -> f16 weights (with options.weights == "f16")
@@ -22,6 +23,7 @@ from meganeura import __version__
 
 from .ir.builder import Model
 from .ir.graph import Graph
+from .ir.lora import Adapters, add_adapters
 from .ir.training import ROW_MASK, TrainConfig, build_training_graph
 from .options import DEFAULT, CompileOptions
 from .package.blob import Reservation
@@ -76,7 +78,8 @@ def compile_model(model: Model, train: TrainConfig | None = None, source: dict |
         train: the training recipe; None compiles inference only.
         source: where the model came from, recorded in the manifest.
         progress: called with each stage's name before it runs (the CLI shows a progress bar).
-        share_scratch, weights: shorthands for the CompileOptions fields of those names.
+        share_scratch: shorthand for `CompileOptions.share_scratch`.
+        weights: shorthand for `CompileOptions.weights` ("f32" or "f16").
         options: every other choice of the compiler (compiler/options.py).
     Returns:
         The package file's bytes.
@@ -88,16 +91,30 @@ def compile_model(model: Model, train: TrainConfig | None = None, source: dict |
     step = progress or (lambda name: None)
     reservation = Reservation(estimated_package_bytes(model))  # its pages are touched meanwhile
     step("forward graph")
-    graphs, extra = {"infer": prepare(model.graph, options)}, {}
+    lora = _adapters(model, train)
+    forward = model.graph if lora is None else lora.graph
+    graphs, extra = {"infer": prepare(forward, options)}, {}
     meta = {"source": source or {}, "batch": _batch_info(model)}
     if train is not None:
         step("autodiff and optimizer")
-        tg = prepare(build_training_graph(model.graph, train, options), options)
+        tg = prepare(build_training_graph(forward, train, options), options)
         graphs["train_step"], extra["train_step"] = tg, {"row_mask": ROW_MASK}
         meta["training"] = {"loss": train.loss, "optimizer": train.optimizer, "lr": train.lr,
                             "frozen": sorted(tg.frozen), "row_mask": ROW_MASK, "ignore_index": train.ignore_index,
-                            **_classes(model, train)}
+                            **_classes(model, train), **({"lora": lora.manifest()} if lora else {})}
     return _write(Programs(graphs, extra), options, meta, step, reservation, t0)
+
+
+def _adapters(model: Model, train: TrainConfig | None) -> Adapters | None:
+    """The forward graph with the LoRA adapters `train` asks for (None without lora_rank); both
+    programs run them, "infer" too, so that it answers with what training learned."""
+    if train is None or train.lora_rank is None:
+        if train is not None and train.lora_targets:
+            raise ValueError("lora_targets without lora_rank: give the adapters' rank")
+        return None
+    # an ONNX import records which of its nodes read each parameter (`param_users`)
+    return add_adapters(model.graph, train.lora_rank, train.lora_alpha, train.lora_targets,
+                        getattr(model, "param_users", None), train.lora_seed)
 
 
 def _write(programs: Programs, options: CompileOptions, meta: dict, step, reservation=None, t0=None) -> bytes:

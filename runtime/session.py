@@ -14,9 +14,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from . import native
+from .adapters import SessionAdapters
 from .device import default_device, fresh_device
 from .gpu_objects import GpuObjects
-from .inputs import check_batch, coerce, pad, rows
+from .inputs import as_source, check_batch, coerce, pad, rows
 from .loader import BIND_GROUP_THREADS, Loader
 from .loading import LoadingSession, checked_switch_interval, default_threads, shorten_switch_interval
 from .package import QUICK, Package
@@ -38,32 +39,55 @@ class SessionOptions:
     host_switch_interval: float | None = None
 
 
-class Session(SessionWeights):
+class Session(SessionWeights, SessionAdapters):
     def __init__(self, device, package, device_class: str | None = None, memory_limit: int | None = None,
                  shader_checks: bool = True, quick_start: bool = False, host_switch_interval: float | None = None,
                  _progress=None):
-        """`package`: a Package, or a .mnpk file's path (the fastest first launch: on POSIX the
-        file is mapped, not copied, and its weights checked while the driver compiles the
-        pipelines and they upload; a file written into or cut short in place while mapped is
-        refused by the next Session of it (a rebuild), but written into during a load it can
-        leave this one a mix of old and new weights, and cut short then it stops the process
-        (SIGBUS): replace a package by a rename, as `meganeura compile` does). `device_class`
-        ("gpu" or "cpu") overrides which kernel variants run; by default CPU rasterisers
-        (lavapipe) get the CPU ones. `memory_limit` (bytes) refuses a package whose buffers need
-        more, before anything is allocated (with a gigabyte of weights, the lifted sizes' small
-        buffer is added to them once the weights' buffers are made). `shader_checks=False` has the
-        WGSL compiler leave out the checks it adds to every kernel (indices into buffers and arrays
-        clamped, loops bounded): faster, and only for packages you compiled yourself. WGSL is still
-        validated, but a package from elsewhere could then read or write past its bindings (into
-        neighbouring tensors, or further where the driver has no robust buffer access), past its
-        workgroup memory, or loop until the driver resets the GPU. `quick_start=True`: return once
-        the quick tier's kernels are made (few, and cheap to compile: a first launch's driver
-        compile is most of its load; in a training package, those of the training step alone are
-        made with its training state), and run them until the tuned ones, compiled behind them on
-        threads, take their place (`tier`, `wait_tuned()`); they compute the same, more slowly.
-        `host_switch_interval` (seconds; e.g. loading.SWITCH_INTERVAL): Python's thread switch
-        interval while it loads, at most this, then restored (the loading threads' returns from
-        wgpu and zlib wait less for the constructor's own Python); None leaves it alone."""
+        """Load a package onto a device: buffers, pipelines and bind groups are made once, here.
+
+        Everything in the package is checked against its manifest and the device's limits
+        before the first GPU object is made (docs/PACKAGE.md). A frame then costs only
+        set_pipeline / set_bind_group / dispatch per kernel.
+
+        Args:
+            device: the host's `wgpu.GPUDevice`, or None for wgpu's shared default device
+                (the one pygfx and other wgpu libraries use).
+            package: a Package, or a .mnpk file's path (the fastest first launch: on POSIX the
+                file is mapped, not copied, and its weights checked while the driver compiles
+                the pipelines and they upload). Replace a package file by a rename, as
+                `meganeura compile` does: one written into or cut short in place while mapped
+                is refused by the next Session of it (a rebuild), but written into during a
+                load it can leave this one a mix of old and new weights, and cut short then
+                it stops the process (SIGBUS).
+            device_class: "gpu" or "cpu": which kernel variants run; by default CPU
+                rasterisers (lavapipe) get the CPU ones.
+            memory_limit: bytes; a package whose buffers need more is refused before anything
+                is allocated (with a gigabyte of weights, the lifted sizes' small buffer is
+                added to them once the weights' buffers are made).
+            shader_checks: False has the WGSL compiler leave out the checks it adds to every
+                kernel (indices into buffers and arrays clamped, loops bounded): faster, and
+                only for packages you compiled yourself. WGSL is still validated, but a package
+                from elsewhere could then read or write past its bindings (into neighbouring
+                tensors, or further where the driver has no robust buffer access), past its
+                workgroup memory, or loop until the driver resets the GPU.
+            quick_start: return once the quick tier's kernels are made (few, and cheap to
+                compile: a first launch's driver compile is most of its load; in a training
+                package, those of the training step alone are made with its training state),
+                and run them until the tuned ones, compiled behind them on threads, take their
+                place (`tier`, `wait_tuned()`); they compute the same, more slowly.
+            host_switch_interval: seconds (e.g. loading.SWITCH_INTERVAL): Python's thread
+                switch interval while it loads, at most this, then restored (the loading
+                threads' returns from wgpu and zlib wait less for the constructor's own
+                Python); None leaves it alone.
+
+        Raises:
+            PackageError: the package is damaged or inconsistent, asks more than the
+                device's limits, or wgpu refuses a kernel.
+            GPUOutOfMemoryError: the device cannot hold the package, or it needs more than
+                `memory_limit`; nothing of it is kept.
+            ValueError: an unknown `device_class`.
+            TypeError: `package` is neither a Package nor a path.
+        """
         if device_class not in (None, "cpu", "gpu"):
             raise ValueError(f"device_class {device_class!r}: use 'cpu' or 'gpu'")
         self._options = SessionOptions(device_class, memory_limit, shader_checks, quick_start, host_switch_interval)
@@ -110,29 +134,52 @@ class Session(SessionWeights):
         except BaseException:
             self.close()  # (the training state's thread stopped)
             raise
-        self._staging = {}
+        self._staging, self._ready = {}, {}
         self._skip_counter = m.plan.tensor(SKIPPED, "state")  # None: compiled without the NaN guard
 
     @classmethod
     def load_in_background(cls, device, package, threads: int | None = None,
                            host_switch_interval: float | None = None, *, switch_interval: float | None = None,
                            **options) -> LoadingSession:
-        """Start making a Session (the same arguments) on a thread of its own and return at
-        once: the host's frames go on while the driver compiles (a first launch of a big package
+        """Start making a Session on a thread of its own and return at once.
+
+        The host's frames go on while the driver compiles (a first launch of a big package
         takes a second or more). Poll `.done()` and `.progress` each frame, then `.result()`.
-        `threads`: how many the driver compiles on (default: the cores less loading.SPARE_CORES).
-        `host_switch_interval` (`switch_interval`, its older name): Python's thread switch interval
-        while it loads, in seconds, then restored (e.g. loading.SWITCH_INTERVAL: the host's thread
-        then waits less for the loading threads between its calls into wgpu); None leaves it alone."""
+
+        Args:
+            device: as for Session().
+            package: as for Session().
+            threads: how many threads the driver compiles on (default: the cores less
+                loading.SPARE_CORES).
+            host_switch_interval: Python's thread switch interval while it loads, in seconds,
+                then restored (e.g. loading.SWITCH_INTERVAL: the host's thread then waits less
+                for the loading threads between its calls into wgpu); None leaves it alone.
+            switch_interval: the older name of `host_switch_interval`.
+            **options: Session()'s other keyword arguments.
+
+        Returns:
+            LoadingSession: `.progress`, `.done()`, and `.result()` (the Session, or what
+            stopped it, raised).
+        """
         return LoadingSession(cls, device, package, threads, options,
                               checked_switch_interval(host_switch_interval, switch_interval))
 
     def rebuild(self, device=None, weights=None, strict: bool = True) -> Session:
-        """This package in a new session, e.g. after DeviceLostError: on `device` (by default
-        a new device, since a lost one never comes back), with `weights` (a file written
-        by save_weights, or a name -> array dict) loaded over the package's own. Optimizer
-        state (moments, step count, a changed lr, skipped_steps) starts from the package's:
-        write_tensor() it back if the host kept it."""
+        """This package in a new Session, e.g. after DeviceLostError, with the same options.
+
+        Optimizer state (moments, step count, a changed lr, skipped_steps) starts from the
+        package's: write_tensor() it back if the host kept it.
+
+        Args:
+            device: the device to load on; by default a new one, since a lost one never
+                comes back.
+            weights: a file written by save_weights, or a name -> array dict, loaded over the
+                package's own weights; None keeps the package's.
+            strict: refuse weights that miss a parameter of the package or name one it lacks.
+
+        Returns:
+            The new Session.
+        """
         s = Session(device if device is not None else fresh_device(), self.package, **asdict(self._options))
         if isinstance(weights, dict):
             s.set_weights(weights, strict)
@@ -152,7 +199,7 @@ class Session(SessionWeights):
             behind.cancel()
         self._objects.release()
         self._table.clear()
-        self._staging = {}
+        self._staging, self._ready = {}, {}
 
     # ---------------------------------------------------------------- state
     @property
@@ -162,6 +209,7 @@ class Session(SessionWeights):
 
     @property
     def allocated_bytes(self) -> int:
+        """Bytes of the GPU buffers this session made."""
         return self._objects.allocated_bytes
 
     @property
@@ -171,6 +219,7 @@ class Session(SessionWeights):
 
     @property
     def closed(self) -> bool:
+        """Whether close() was called."""
         return self._objects.closed
 
     @property
@@ -208,7 +257,18 @@ class Session(SessionWeights):
 
     # ---------------------------------------------------------------- running
     def record(self, encoder, program: str, start: int = 0, stop: int | None = None, pass_kwargs=None):
-        """Encode dispatches [start, stop) of `program` as one compute pass into `encoder`."""
+        """Encode dispatches [start, stop) of `program` as one compute pass into `encoder`.
+
+        The host decides where the pass sits between its render passes; nothing is submitted.
+
+        Args:
+            encoder: the host's `wgpu.GPUCommandEncoder`.
+            program: "infer", "train_step", or another program of the package.
+            start: the first dispatch (a program cut into chunks across frames records a range
+                each frame; dispatch_count() tells how many there are).
+            stop: one past the last dispatch; None: to the end.
+            pass_kwargs: keyword arguments of `begin_compute_pass` (e.g. timestamp_writes).
+        """
         steps = self._steps(program)[start:stop]
         with self._objects.guard(f"recording {program}"):
             cpass = encoder.begin_compute_pass(**(pass_kwargs or {}))
@@ -255,8 +315,14 @@ class Session(SessionWeights):
         return steps
 
     def write_inputs(self, program: str, inputs: dict, rows: int | None = None, check_finite: bool = True):
-        """Upload inputs (after checking them) for the next run of `program`. Float inputs
-        holding NaN or infinity are refused unless `check_finite` is False."""
+        """Upload inputs (after checking them) for the next run or record() of `program`.
+
+        Args:
+            program: the program whose inputs these are.
+            inputs: input name -> array, every input of the program.
+            rows: how many rows of the batch are real (the rest: padding); None: all.
+            check_finite: refuse float inputs holding NaN or infinity.
+        """
         p = self._manifest.programs[program]
         given, public = set(inputs), set(p.public_inputs)
         if given - public:
@@ -282,11 +348,20 @@ class Session(SessionWeights):
         whose loss or gradients are not finite, or whose labels on the GPU fall outside the
         classes, or whose every row is ignored, changes nothing (see `skipped_steps`).
 
+        Args:
+            program: "infer", "train_step", or another program of the package.
+            inputs: input name -> numpy array (for training, with `labels`).
+            check_finite: refuse float inputs holding NaN or infinity.
+
+        Returns:
+            Output name -> numpy array (for a training step, `loss`).
+
         Raises:
-            InputError (a ValueError): a name, shape, dtype or value the program cannot take
-                (a label outside the classes, NaN unless `check_finite` is False, an empty
-                batch); nothing ran and the weights are unchanged.
-            KeyError: no such program. DeviceLostError: the device was lost.
+            InputError: a name, shape, dtype or value the program cannot take (a label
+                outside the classes, NaN unless `check_finite` is False, an empty batch);
+                nothing ran and the weights are unchanged. A ValueError.
+            KeyError: no such program.
+            DeviceLostError: the device was lost.
         """
         p = self._program(program)
         b = self._manifest.batch_size
@@ -312,26 +387,45 @@ class Session(SessionWeights):
         return out
 
     def _submit_and_read(self, program):
-        wgpu = self._objects.wgpu
-        enc = self.device.create_command_encoder()
-        self.record(enc, program)
-        staged = []
+        """Submit the program with copies of its outputs into mappable buffers; wait; read.
+
+        The command buffer for the next call of the same program is recorded while the GPU
+        runs this one, so that a synchronous call waits for little more than the GPU
+        (bench/results/2026-12-03-h200-sync-call.md)."""
+        staged = self._staged(program)
+        steps = self._steps(program)
+        ready = self._ready.pop(program, None)
+        cb = ready[1] if ready is not None and ready[0] is steps else self._commands(program, staged)
+        self.device.queue.submit([cb])
+        self._ready[program] = (steps, self._commands(program, staged))
+        out = {}
+        for buf, name, t, size in staged:
+            buf.map_sync(self._objects.wgpu.MapMode.READ)
+            data = np.frombuffer(buf.read_mapped(0, -(-size // 8) * 8), dtype=t.np_dtype)
+            out[name] = as_source(t, data[:t.count].reshape(t.shape).copy())
+            buf.unmap()
+        return out
+
+    def _staged(self, program) -> list:
+        """[(mappable buffer, output name, tensor, bytes)] for the program's outputs, made once."""
+        wgpu, staged = self._objects.wgpu, []
         for name, t in self._manifest.programs[program].outputs.items():
             size = max(4, t.count * 4)
             key = (program, name)
             if key not in self._staging:
                 self._staging[key] = self.device.create_buffer(
                     size=-(-size // 8) * 8, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-            enc.copy_buffer_to_buffer(self.buffers[t.buffer], t.offset, self._staging[key], 0, -(-size // 4) * 4)
             staged.append((self._staging[key], name, t, size))
-        self.device.queue.submit([enc.finish()])
-        out = {}
-        for buf, name, t, size in staged:
-            buf.map_sync(wgpu.MapMode.READ)
-            data = np.frombuffer(buf.read_mapped(0, -(-size // 8) * 8), dtype=t.np_dtype)
-            out[name] = data[:t.count].reshape(t.shape).copy()
-            buf.unmap()
-        return out
+        return staged
+
+    def _commands(self, program, staged):
+        """The program's dispatches, then its outputs copied into `staged`, as a command buffer.
+        (A command buffer holds no input data: inputs are written to the queue before it runs.)"""
+        enc = self.device.create_command_encoder()
+        self.record(enc, program)
+        for buf, _, t, size in staged:
+            enc.copy_buffer_to_buffer(self.buffers[t.buffer], t.offset, buf, 0, -(-size // 4) * 4)
+        return enc.finish()
 
     @property
     def skipped_steps(self) -> int:
@@ -342,7 +436,20 @@ class Session(SessionWeights):
         return int(self.read_tensor(SKIPPED, "state"))
 
     def readback(self, program: str, output: str, depth: int = 3):
-        """A non-blocking reader of one output (see runtime/readback.py)."""
+        """A non-blocking reader of one output: results arrive frames later, never a stall.
+
+        Record it after the program each frame (`rb.record(encoder)`, then `rb.submitted()`
+        once the encoder is submitted; FrameScheduler.readback() does both) and take the
+        newest finished value with `rb.poll()` (None until one has arrived).
+
+        Args:
+            program: the program that writes the output.
+            output: the output's name.
+            depth: how many copies are in flight at most (map_async ring buffers).
+
+        Returns:
+            A Readback (runtime/readback.py).
+        """
         from .readback import Readback
 
         return Readback(self, program, output, depth)

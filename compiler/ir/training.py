@@ -27,6 +27,29 @@ EXACT_INT = 1 << 24  # integers of smaller magnitude are exact in f32: labels co
 
 @dataclass
 class TrainConfig:
+    """The training recipe: compile_model(model, TrainConfig(...)) adds the program "train_step".
+
+    Attributes:
+        loss: "cross_entropy" (labels: class ids) or "mse" (labels: the output's shape).
+        optimizer: "adamw" or "sgd".
+        lr: the learning rate (the state tensor "optimizer.lr" at run time).
+        momentum: SGD's momentum.
+        betas: AdamW's moment decay rates.
+        eps: AdamW's epsilon.
+        weight_decay: None: 0.01 for AdamW (PyTorch's default), 0 for SGD.
+        clip_norm: clip the global gradient norm to this, as clip_grad_norm_; None: no clipping.
+        freeze: glob patterns of parameter names that get no gradient work at all.
+        output: the model output the loss reads; None: the only one.
+        skip_nonfinite: a step whose loss or a gradient is NaN/inf changes nothing and is
+            counted (`Session.skipped_steps`); with cross_entropy also a step with a label
+            outside the classes (other than ignore_index), or with no row left.
+        ignore_index: cross_entropy: rows with this label leave the loss, as in PyTorch.
+        lora_rank: train LoRA adapters of this rank instead of the weights they sit beside.
+        lora_targets: globs of the parameter (or ONNX node) names that get adapters.
+        lora_alpha: the adapters' scale is lora_alpha / lora_rank.
+        lora_seed: seeds the adapters' initial values.
+    """
+
     loss: str = "cross_entropy"  # or "mse"
     optimizer: str = "adamw"  # or "sgd"
     lr: float = 1e-3
@@ -41,6 +64,10 @@ class TrainConfig:
     # step with a label outside the classes (other than ignore_index), or with no row left
     skip_nonfinite: bool = True
     ignore_index: int = -100  # cross_entropy: rows with this label leave the loss, as in PyTorch
+    lora_rank: int | None = None  # LoRA: ir/lora.py
+    lora_targets: list = field(default_factory=list)
+    lora_alpha: float = 8.0  # PEFT's default
+    lora_seed: int = 0
 
 
 def frozen_names(graph: Graph, patterns) -> set:
