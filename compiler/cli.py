@@ -2,11 +2,13 @@
 
     meganeura compile MODEL.onnx -o OUT.mnpk [--train --loss cross_entropy|mse
         --optimizer sgd|adamw --lr LR [--freeze GLOB]... [--ignore-index N]
-        [--lora RANK --lora-targets GLOB... [--lora-alpha A]]] [--batch N] [--weights f16]
+        [--lora RANK --lora-targets GLOB... [--lora-alpha A]] [--memory-budget SIZE]]
+        [--batch N] [--weights f16]
     meganeura info OUT.mnpk
     meganeura --version
 
-Bad arguments exit with status 2 and one line on stderr; a model that cannot compile,
+Bad arguments exit with status 2 and one line on stderr (a memory budget under the smallest
+the training step reaches too, naming that one); a model that cannot compile,
 status 1 and one line (a traceback only with MEGANEURA_DEBUG set in the environment).
 """
 from __future__ import annotations
@@ -28,7 +30,8 @@ DEFAULTS = TrainConfig()
 # the options that shape the training step: given without --train, they are refused
 TRAINING_OPTIONS = {"loss": "--loss", "optimizer": "--optimizer", "lr": "--lr", "weight_decay": "--weight-decay",
                     "clip_norm": "--clip-norm", "freeze": "--freeze", "ignore_index": "--ignore-index",
-                    "lora_rank": "--lora", "lora_targets": "--lora-targets", "lora_alpha": "--lora-alpha"}
+                    "lora_rank": "--lora", "lora_targets": "--lora-targets", "lora_alpha": "--lora-alpha",
+                    "memory_budget": "--memory-budget"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,6 +52,15 @@ def _number(kind: str, ok, what: str):
             raise argparse.ArgumentTypeError(f"must be {what}, not {text}")
         return value
     return parse
+
+
+def _size(text):
+    """An argparse type: a memory size in bytes ('256MiB', '1.5GB', '1000000')."""
+    from .passes.remat import parse_size
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _refuse(message: str) -> int:
@@ -133,6 +145,7 @@ def cmd_compile(args) -> int:
     from .compile import compile_model
     from .options import CompileOptions
     from .onnx_import import load_onnx
+    from .passes.remat import BudgetError
 
     if not args.train:
         given = [flag for k, flag in TRAINING_OPTIONS.items() if getattr(args, k) is not None]
@@ -152,7 +165,8 @@ def cmd_compile(args) -> int:
     if args.weights == "f16" and args.train and not args.freeze and not args.lora_rank and not args.quiet:
         print("meganeura: note: --weights f16 stores only weights that training does not update; with --train "
               "and no --freeze every weight trains and stays f32", file=sys.stderr)
-    step, close = _progress(6 if train else 4, args.quiet or not sys.stderr.isatty())
+    stages = 4 if not train else 7 if train.memory_budget else 6
+    step, close = _progress(stages, args.quiet or not sys.stderr.isatty())
     try:
         step("import ONNX")
         model = load_onnx(src, batch_size=args.batch)
@@ -165,6 +179,9 @@ def cmd_compile(args) -> int:
         options = CompileOptions(weights=args.weights, host_switch_interval=2e-4)
         data = compile_model(model, train, source={"kind": "onnx", "file": src.name}, progress=step,
                              options=options)
+    except BudgetError as exc:  # an argument the step cannot meet
+        close()
+        return _refuse(f"--memory-budget: {exc}")
     except Exception as exc:  # expected ones (ValueError, NotImplementedError...) and bugs: one line
         close()
         if _debugging():
@@ -243,6 +260,10 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--lora-alpha", type=_number(float, lambda v: v > 0, "a positive finite number"), metavar="A",
                    help=f"with --lora: the adapters' output is scaled by A / RANK (default: {d.lora_alpha:g}, "
                         "as PEFT)")
+    t.add_argument("--memory-budget", type=_size, metavar="SIZE",
+                   help="bytes the training step's buffers may take, e.g. 256MiB, 1GiB, 1.5GB: forward values "
+                        "are recomputed in the backward pass to fit, or the compile fails naming the smallest "
+                        "budget it reaches (default: no budget)")
     c.set_defaults(fn=cmd_compile)
     i = sub.add_parser("info", help="describe a package")
     i.add_argument("package", help="the package to describe, OUT.mnpk")

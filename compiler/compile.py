@@ -6,6 +6,7 @@ Each stage is one call, in the order a model walks them:
     ir.lora.add_adapters                  -> the forward graph with LoRA adapters (train.lora_rank)
     ir.training.build_training_graph      -> the training step as a Graph (with `train`)
     passes.prepare                        -> graphs of ops that have kernels
+    passes.remat.fit                      -> the step recomputing values to fit train.memory_budget
     passes.half_weights                   -> f16 weights (with options.weights == "f16")
     passes.schedule                       -> Schedule: kernels, order, storage
     package.writer (codegen inside)       -> WGSL, buffers, dispatches, the file's bytes
@@ -15,7 +16,7 @@ from __future__ import annotations
 import functools
 import gc
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from .package.blob import Reservation
 from .package.writer import PackageBuilder
 from .passes.half_weights import half_weights
 from .passes.prepare import prepare
+from .passes.remat import fit, parse_size
 from .passes.schedule import schedule
 
 
@@ -41,6 +43,7 @@ class Programs:
     """The prepared graphs of a package, by program name ("infer", "train_step", ...)."""
     graphs: dict  # name -> prepared Graph
     extra: dict  # name -> the program's extra manifest fields
+    after: dict = field(default_factory=dict)  # name -> the scheduler's `after` (passes/remat.py)
 
 
 def _without_cyclic_gc(fn):
@@ -93,16 +96,35 @@ def compile_model(model: Model, train: TrainConfig | None = None, source: dict |
     step("forward graph")
     lora = _adapters(model, train)
     forward = model.graph if lora is None else lora.graph
-    graphs, extra = {"infer": prepare(forward, options)}, {}
+    graphs, extra, after = {"infer": prepare(forward, options)}, {}, {}
     meta = {"source": source or {}, "batch": _batch_info(model)}
     if train is not None:
         step("autodiff and optimizer")
         tg = prepare(build_training_graph(forward, train, options), options)
+        memory = {}
+        if train.memory_budget is not None:
+            step("fit the memory budget")
+            tg, after["train_step"], memory = _fit(tg, parse_size(train.memory_budget), options)
         graphs["train_step"], extra["train_step"] = tg, {"row_mask": ROW_MASK}
         meta["training"] = {"loss": train.loss, "optimizer": train.optimizer, "lr": train.lr,
                             "frozen": sorted(tg.frozen), "row_mask": ROW_MASK, "ignore_index": train.ignore_index,
-                            **_classes(model, train), **({"lora": lora.manifest()} if lora else {})}
-    return _write(Programs(graphs, extra), options, meta, step, reservation, t0)
+                            **_classes(model, train), **({"lora": lora.manifest()} if lora else {}), **memory}
+    return _write(Programs(graphs, extra, after), options, meta, step, reservation, t0)
+
+
+def _fit(graph: Graph, budget: int, options: CompileOptions) -> tuple:
+    """The training graph recomputing what it must to fit `budget` bytes (passes/remat.py),
+    the scheduler's `after` for it, and the manifest's record of it.
+
+    Raises:
+        BudgetError (a ValueError): the smallest budget the step reaches is larger."""
+    def measure(g, after):  # the step's buffers, as a package holding only this program places them
+        pb = PackageBuilder(__version__, options)  # (add_program lays out the parameter groups)
+        pb.add_program("train_step", schedule(g, options, after))
+        return sum(pb.buffers)
+
+    plan = fit(graph, budget, measure, schedule(graph, options).inlined)
+    return plan.graph, plan.after, {"memory": plan.manifest(budget)}
 
 
 def _adapters(model: Model, train: TrainConfig | None) -> Adapters | None:
@@ -128,7 +150,7 @@ def _write(programs: Programs, options: CompileOptions, meta: dict, step, reserv
     pb.plan_arenas([g for g in graphs.values() if g.arenas])  # before any program places the parameters
     for name, g in graphs.items():
         step(STAGE_NAMES.get(name, f"schedule {name}"))
-        pb.add_program(name, schedule(g, options), programs.extra.get(name))
+        pb.add_program(name, schedule(g, options, programs.after.get(name)), programs.extra.get(name))
     step("write package")
     if t0 is not None:
         meta["compile_seconds"] = round(time.perf_counter() - t0, 4)

@@ -8,7 +8,7 @@ import hashlib
 from .format import (ACCESS, DTYPES, FORMAT_NAME, MAX_LIFTED, OFFSET_ALIGN, QUICK, READABLE_VERSIONS, ROLES, VARIANTS,
                      tensor_bytes)
 from .manifest_fields import check_dict, check_int, check_ints, check_list, check_str, fail, field
-from .records import SOURCE_DTYPES
+from .records import MEMORY_FIELDS, SOURCE_DTYPES
 
 
 def validate_manifest(m) -> None:
@@ -151,6 +151,10 @@ def check_programs(m) -> None:
             fail("training: no 'train_step' program")
         if train.get("lora") is not None:
             _check_lora(train["lora"], {t["name"] for t in tensors if t["role"] == "param"})
+        if train.get("memory") is not None:  # a memory budget's record (compilers since it was added)
+            memory = check_dict(train["memory"], "training.memory")
+            for k in MEMORY_FIELDS:
+                check_int(field(memory, k, "training.memory"), f"training.memory.{k}", 0, 1 << 62)
 
 
 def _check_lora(lora, params: set) -> None:

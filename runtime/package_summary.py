@@ -36,9 +36,35 @@ def summary(m: Manifest, raw_size: int) -> str:
         lines.append(f"  training: loss {t.loss}, optimizer {t.optimizer}, lr {t.lr}, frozen {len(t.frozen)} tensors")
         if t.lora:
             lines.append(_lora(t.lora, params))
+        if "train_step" in m.programs:
+            lines.append(_step_memory(m, t.memory))
     if m.batch_size:
         lines.append(f"  batch size: {m.batch_size}")
     return "\n".join(lines)
+
+
+def step_bytes(m: Manifest, program: str = "train_step") -> int:
+    """The bytes of the buffers a program needs: those it binds, and every parameter's and state's."""
+    p = m.programs[program]
+    used = {b.buffer for d in p.dispatches for b in d.bindings}
+    used |= {t.buffer for t in (*p.inputs.values(), *p.outputs.values())}
+    used |= {t.buffer for t in m.tensors if t.role in ("param", "state", "constant")}
+    return sum(m.buffers[b] for b in used)
+
+
+def _step_memory(m: Manifest, memory) -> str:
+    """The training step's peak (its buffers), and what a memory budget recomputes for it."""
+    line = f"  training step: peak {_mib(step_bytes(m))} (its buffers)"
+    if memory is None:
+        return line
+    share = 100 * memory.extra_flops / max(memory.step_flops, 1)
+    return (f"{line}; memory budget {_mib(memory.budget)}, {_mib(memory.unbudgeted_peak_bytes)} without it; "
+            f"rematerialised {memory.rematerialised} values ({_mib(memory.rematerialised_bytes)}), "
+            f"+{share:.1f}% FLOPs ({memory.extra_flops} of {memory.step_flops})")
+
+
+def _mib(n: int) -> str:
+    return f"{n} bytes ({n / (1 << 20):.1f} MiB)"
 
 
 def _lora(lora, params) -> str:

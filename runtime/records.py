@@ -153,6 +153,23 @@ class Lora:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryBudget:
+    """How the compiler fit the training step into a memory budget (bytes; FLOPs per step)."""
+
+    budget: int
+    peak_bytes: int  # the step's buffers
+    unbudgeted_peak_bytes: int  # the same step's without recomputation
+    rematerialised: int  # forward values recomputed in the backward pass instead of kept
+    rematerialised_bytes: int
+    extra_flops: int  # the recomputation's
+    step_flops: int  # the unbudgeted step's
+
+
+MEMORY_FIELDS = ("budget", "peak_bytes", "unbudgeted_peak_bytes", "rematerialised", "rematerialised_bytes",
+                 "extra_flops", "step_flops")
+
+
+@dataclass(frozen=True, slots=True)
 class Training:
     loss: str
     optimizer: str
@@ -161,6 +178,7 @@ class Training:
     ignore_index: int | None = None  # cross-entropy: labels equal to it leave the loss (None: no such label)
     classes: int | None = None  # cross-entropy: labels lie in [0, classes)
     lora: Lora | None = None  # the LoRA adapters, the only parameters it trains
+    memory: MemoryBudget | None = None  # the memory budget it was compiled for
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +265,8 @@ def parse_manifest(m: dict, plan: BufferPlan | None = None) -> Manifest:
     train = m.get("training")
     training = None if train is None else Training(train["loss"], train["optimizer"], train["lr"],
                                                    tuple(train["frozen"]), train.get("ignore_index"),
-                                                   train.get("classes"), _lora(train.get("lora")))
+                                                   train.get("classes"), _lora(train.get("lora")),
+                                                   _memory(train.get("memory")))
     batch = m.get("batch")
     return Manifest(plan, kernels, programs, None if batch is None else batch["size"], training)
 
@@ -271,6 +290,10 @@ def _program(name: str, p: dict, tensors: tuple, bound: dict) -> Program:
     return Program(name, {k: tensors[i] for k, i in p["inputs"].items()},
                    {k: tensors[i] for k, i in p["outputs"].items()}, tuple(dispatches), p["scratch_peak_bytes"],
                    p.get("row_mask"))
+
+
+def _memory(memory: dict | None) -> MemoryBudget | None:
+    return None if memory is None else MemoryBudget(**{k: int(memory[k]) for k in MEMORY_FIELDS})
 
 
 def _lora(lora: dict | None) -> Lora | None:

@@ -48,6 +48,9 @@ class TrainConfig:
         lora_targets: globs of the parameter (or ONNX node) names that get adapters.
         lora_alpha: the adapters' scale is lora_alpha / lora_rank.
         lora_seed: seeds the adapters' initial values.
+        memory_budget: bytes (or a size such as "256MiB", "1.5GB") the step's buffers may take:
+            the compiler recomputes forward values in the backward pass until they fit
+            (passes/remat.py); None: every value the backward reads is kept.
     """
 
     loss: str = "cross_entropy"  # or "mse"
@@ -68,6 +71,7 @@ class TrainConfig:
     lora_targets: list = field(default_factory=list)
     lora_alpha: float = 8.0  # PEFT's default
     lora_seed: int = 0
+    memory_budget: int | str | None = None  # passes/remat.py
 
 
 def frozen_names(graph: Graph, patterns) -> set:

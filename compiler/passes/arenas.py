@@ -39,15 +39,15 @@ def plan_leaves(graphs) -> tuple:
         if not g.arenas or any(n in place for chunk in g.arenas for n in chunk):
             continue
         params, states = g.params, g.leaves("state")
+        by_param = _states_by_param(states)
         for c, names in enumerate(g.arenas):
             sizes = {n: g.nodes[params[n]].size for n in names}
             offs, span = offsets(names, sizes)
             columns = {"param": {n: n for n in names}}
             for n in names:
                 shape = g.nodes[params[n]].shape
-                for s in states:  # optimizer.<name>.<suffix> of the parameter's shape
-                    suffix = s[len(n) + 11:]
-                    if s.startswith(f"optimizer.{n}.") and "." not in suffix and g.nodes[states[s]].shape == shape:
+                for suffix, s in by_param.get(n, ()):  # optimizer.<name>.<suffix> of the parameter's shape
+                    if g.nodes[states[s]].shape == shape:
                         columns.setdefault(suffix, {})[n] = s
             for column, leaf in columns.items():
                 if len(leaf) != len(names):
@@ -57,6 +57,16 @@ def plan_leaves(graphs) -> tuple:
                 for n, leaf_name in leaf.items():
                     place[leaf_name] = (key, offs[n])
     return place, spans
+
+
+def _states_by_param(states) -> dict:
+    """Parameter name -> [(suffix, state name)] for the states named optimizer.<name>.<suffix>."""
+    out = {}
+    for s in states:
+        if s.startswith("optimizer.") and "." in s[10:]:
+            name, suffix = s[10:].rsplit(".", 1)
+            out.setdefault(name, []).append((suffix, s))
+    return out
 
 
 def place(sched, leaf_place: dict, leaf_spans: dict) -> None:

@@ -27,20 +27,25 @@ STRIDED_WRITES = ("attention", "attention_grad")
 SIBLING_KINDS = ("attention",)
 
 
-def schedule(graph: Graph, options: CompileOptions = DEFAULT) -> Schedule:
-    """The kernels that compute `graph`, in order, and where each value is stored."""
+def schedule(graph: Graph, options: CompileOptions = DEFAULT, after: dict | None = None) -> Schedule:
+    """The kernels that compute `graph`, in order, and where each value is stored.
+
+    `after`: node -> a node whose kernel its kernel waits for without reading it (a value the
+    backward recomputes waits for the backward work before it: passes/remat.py); such a
+    kernel never merges with one that the waited-for node depends on."""
+    after = after or {}
     users = graph.users()
     live = set(graph.live_nodes())
     pinned = {base_of(graph, i) for i in list(graph.outputs.values()) + list(graph.assigns.values())}
     inlined = _inline(graph, users, live, pinned)
     fitted = _fit_bindings(graph, live, inlined)
     views, written = _strided_views(graph, users, live, pinned, inlined)
-    kernels = _group(graph, live, inlined, fitted, views, written)
+    kernels = _group(graph, live, inlined, fitted, views, written, after)
     _keep_in_registers(graph, kernels, users, live, pinned)
-    kernels, kernel_of = _fuse_epilogues(graph, kernels, users, live, pinned)
+    kernels, kernel_of = _fuse_epilogues(graph, kernels, users, live, pinned, set(after))
     kernels, kernel_of = merge_kept_reductions(graph, kernels)
     storage, inplace = _storage(graph, live, kernels, kernel_of, written)
-    order = _order(graph, kernels, kernel_of, inplace, options.sink_chains)
+    order = _order(graph, kernels, kernel_of, inplace, options.sink_chains, _waits(kernels, kernel_of, after))
     return Schedule(graph, storage, [kernels[k] for k in order], inlined, views, written, options=options)
 
 
@@ -123,7 +128,7 @@ def _strided_views(graph, users, live, pinned, inlined) -> tuple:
     return views, written
 
 
-def _group(graph, live, inlined, fitted, views, written) -> list:
+def _group(graph, live, inlined, fitted, views, written, after) -> list:
     """2. Every materialized value (a root) into a kernel, in index order: an elementwise root
     joins a kernel whose output it reads, or that reads what it reads (horizontal merges),
     where no third kernel lies between them; siblings (attention and its log-sum-exp) share one."""
@@ -134,7 +139,7 @@ def _group(graph, live, inlined, fitted, views, written) -> list:
             aliases[x] = aliases[aliases[x]]
     leaf_of = {nodes[i].attr("name"): i for i in live if nodes[i].op in ("param", "state")}
     inplace_of = {base_of(graph, v): leaf_of[name] for name, v in graph.assigns.items() if name in leaf_of}
-    grouping = _Grouping(graph, inplace_of)
+    grouping = _Grouping(graph, inplace_of, after)
     for r in sorted(live):
         if nodes[r].op in ("input", "param", "state", "constant", "const", "reshape") or r in inlined or r in aliases:
             continue
@@ -157,8 +162,10 @@ class _Grouping:
     follows these instead of testing every kernel per join or merge; whatever adds to
     anc_k keeps them in step."""
 
-    def __init__(self, graph, inplace_of):
+    def __init__(self, graph, inplace_of, after=None):
         self.graph, self.nodes, self.inplace_of = graph, graph.nodes, inplace_of
+        self.after = after or {}  # node -> a node its kernel waits for (schedule's `after`)
+        self.waits = []  # kernel -> what its nodes' `after` depend on, as anc_k bits
         self.kernels, self.kernel_of, self.anc_k, self.users_k = [], {}, [], []
         self.siblings = {}  # (kind, inputs, attributes) -> kernel, for SIBLING_KINDS
         self.sharing = {}  # stored value -> elementwise kernels of its size reading it (horizontal merges)
@@ -172,15 +179,15 @@ class _Grouping:
         """Bindings of a kernel: an in-place update reads and writes one buffer, one binding."""
         return len({self.inplace_of.get(x, x) for x in reads} | {self.inplace_of.get(x, x) for x in roots})
 
-    def _joinable(self, r, members, ext):
+    def _joinable(self, r, members, ext, waits=0):
         """An elementwise kernel whose output `r` reads and can join, unless another input
-        depends on that kernel."""
+        (or what `r` waits for) depends on that kernel."""
         graph, nodes, kernels = self.graph, self.nodes, self.kernels
         for j in sorted(ext, reverse=True):
             k = self.kernel_of.get(j)
             if k is None or kernels[k].kind != "elementwise" or nodes[kernels[k].roots[0]].size != nodes[r].size:
                 continue
-            other = 0
+            other = waits
             for x in ext:
                 if self.kernel_of.get(x) != k:
                     other |= self.bits_of(x)
@@ -197,17 +204,22 @@ class _Grouping:
     def place(self, r, members, ext) -> None:
         n = self.nodes[r]
         elementwise = is_elementwise(n.op)
-        target = self._joinable(r, members, ext) if elementwise else None
-        dep = 0
+        anchors = [self.after[m] for m in members | {r} if m in self.after]
+        waits = 0
+        for a in anchors:
+            waits |= self.bits_of(a)
+        target = self._joinable(r, members, ext, waits) if elementwise else None
+        dep = waits
         for x in ext:
             dep |= self.bits_of(x)
         sib = None
         if not elementwise and OPS[n.op].lowering[1] in SIBLING_KINDS:
-            sib = (OPS[n.op].lowering[1], n.inputs, tuple(a for a in n.attrs if a[0] != "wrt"))
+            sib = (OPS[n.op].lowering[1], n.inputs, tuple(a for a in n.attrs if a[0] != "wrt"), self.after.get(r))
             target = self.siblings.get(sib)
         if target is None:
             self.kernels.append(Kernel("elementwise" if elementwise else OPS[n.op].lowering[1], []))
             self.anc_k.append(0)
+            self.waits.append(0)
             self.users_k.append(set())
             target = len(self.kernels) - 1
             if sib is not None:
@@ -217,7 +229,8 @@ class _Grouping:
         k.members |= members
         k.reads = (k.reads | ext) - set(k.roots)
         self.kernel_of[r] = target
-        for x in ext:
+        self.waits[target] |= waits
+        for x in list(ext) + anchors:
             if self.kernel_of.get(x, target) != target:
                 self.users_k[self.kernel_of[x]].add(target)
         new = dep & ~(1 << target) & ~self.anc_k[target]
@@ -246,7 +259,8 @@ class _Grouping:
                 continue
             kb = kernels[b]
             if nodes[kb.roots[0]].size != nodes[kt.roots[0]].size or _through_other(kernels, kernel_of, anc_k, target, b) \
-                    or _through_other(kernels, kernel_of, anc_k, b, target):
+                    or _through_other(kernels, kernel_of, anc_k, b, target) \
+                    or (self.waits[target] >> b) & 1 or (self.waits[b] >> target) & 1:
                 continue
             roots = set(kt.roots) | set(kb.roots)
             if not all(flat_read(graph, m, p) for m in kt.members | kb.members
@@ -256,6 +270,7 @@ class _Grouping:
                 continue
             kt.roots += kb.roots
             kt.members |= kb.members
+            self.waits[target] |= self.waits[b]
             for x in kb.reads:  # what b waited for, target now waits for
                 if kernel_of.get(x, target) not in (target, b):
                     users_k[kernel_of[x]].add(target)
@@ -338,10 +353,11 @@ def _through_other(kernels, kernel_of, anc_k, k, b) -> bool:
     return False
 
 
-def _fuse_epilogues(graph, kernels, users, live, pinned):
+def _fuse_epilogues(graph, kernels, users, live, pinned, late=frozenset()):
     """A matmul whose product only feeds one elementwise kernel, element for element,
     computes that kernel in its store instead (bias, activation, residual): one dispatch
-    and one tensor fewer."""
+    and one tensor fewer. (Not a kernel of `late` nodes, those waiting for others, into a
+    matmul that is not: it would run early.)"""
     nodes = graph.nodes
     owner = {}  # node -> the kernels computing it (several when it is recomputed in each reader)
     for k, ker in enumerate(kernels):
@@ -362,6 +378,8 @@ def _fuse_epilogues(graph, kernels, users, live, pinned):
         e = consumers.pop()
         ek = kernels[e]
         if e in gone or ek.kind != "elementwise" or any(r in assigned for r in ek.roots):
+            continue
+        if m not in late and any(r in late for r in ek.roots):
             continue
         if not all(u in ek.members and flat_read(graph, u, p) for u, p in readers):
             continue
@@ -454,7 +472,20 @@ def _external_reads(graph, members):
     return ext
 
 
-def _order(graph, kernels, kernel_of, inplace, sink_chains: bool):
+def _waits(kernels, kernel_of, after) -> dict:
+    """Kernel -> the kernels it waits for without reading them (schedule's `after`)."""
+    if not after:
+        return {}
+    of = {**kernel_of, **{k.product: i for i, k in enumerate(kernels) if k.product is not None}}
+    out = {}
+    for i, k in enumerate(kernels):
+        for r in set(k.roots) | k.members | k.epilogue:
+            if r in after and of.get(after[r], i) != i:
+                out.setdefault(i, set()).add(of[after[r]])
+    return out
+
+
+def _order(graph, kernels, kernel_of, inplace, sink_chains: bool, waits=None):
     """Topological order of kernels; in-place writers after the readers of old values.
 
     The order is that of repeated passes over the pending kernels in index order, each
@@ -467,6 +498,7 @@ def _order(graph, kernels, kernel_of, inplace, sink_chains: bool):
         for j in ker.reads:
             if j in kernel_of and kernel_of[j] != k:
                 deps[k].add(kernel_of[j])
+        deps[k] |= (waits or {}).get(k, set())
     readers = {leaf: [] for leaf in inplace.values()}
     for k, ker in enumerate(kernels):
         for j in ker.reads:
