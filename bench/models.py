@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from workloads import WORKLOADS, Case
+from workloads import WORKLOADS, Case, module_side
 
 TWINS = Path(__file__).resolve().parents[1] / "tests" / "compiler" / "models"  # test_resnet.py, test_smolvla.py
 LR = 1e-3
@@ -57,9 +57,9 @@ def _offset_vectors(module, seed: int, scale: float = 0.05):
 
 
 def _torch_side(module, forward, loss_fn, inputs: dict, labels, extra: dict | None = None, notes: dict | None = None):
-    """setup(device) -> (infer, train_step) for `module`: forward(module, tensors) -> output,
-    loss_fn(output, labels) -> loss. The module switches between eval() (infer) and train()
-    (training step) only when the mode changes, so the timed loops never pay for it."""
+    """setup(device) -> TorchSide (infer, train_step) for `module`: forward(module, tensors) ->
+    output, loss_fn(output, labels) -> loss (workloads.module_side: eval() for infer, train()
+    for the training step)."""
 
     def setup(dev):
         import torch
@@ -72,31 +72,11 @@ def _torch_side(module, forward, loss_fn, inputs: dict, labels, extra: dict | No
         ins = {k: tensor(v) for k, v in {**inputs, **(extra or {})}.items()}
         y = tensor(labels)
         opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=LR)
-        mode = [None]
-
-        def set_mode(training):
-            if mode[0] != training:
-                m.train(training)
-                mode[0] = training
-
-        def infer():
-            set_mode(False)
-            with torch.no_grad():
-                return forward(m, ins)
-
-        def train():
-            set_mode(True)
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(forward(m, ins), y)
-            loss.backward()
-            opt.step()
-            return loss
-
         if notes is not None:
             attn = getattr(getattr(m, "config", None), "_attn_implementation", None)
             notes.update({"torch_adamw": "foreach" if dev != "cpu" else "for-loop (cpu)",
                           **({"torch_attention": attn} if attn else {})})
-        return infer, train
+        return module_side(m, lambda: forward(m, ins), lambda out: loss_fn(out, y), opt)
     setup.module = module  # (bench/run.py --weights f16 rounds its weights as the package stores them)
     return setup
 
@@ -143,8 +123,9 @@ def dinov2_vits14(smoke=False):
 
 
 def _faster_torch(ref, x, dev):
-    """The issue's other PyTorch baselines for DINOv2 inference: a CUDA graph of the eager
-    forward, and torch.compile (default mode): {name: (infer fn, seconds to make it)}."""
+    """PyTorch's other baselines for DINOv2 inference when bench/run.py runs without
+    --fast-paths (which makes these for every workload): a CUDA graph of the eager forward,
+    and torch.compile (default mode): {name: (infer fn, seconds to make it)}."""
     import time
 
     import torch

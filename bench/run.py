@@ -2,6 +2,8 @@
 on the same GPU in one process. Prints ratio tables and writes JSON.
 
     python bench/run.py [--out DIR] [--only NAME ...] [--iters N] [--budget S] [--smoke]
+                        [--fast-paths [--no-compile | --compile-forward-only]]
+    python bench/run.py --merge A/bench.json B/bench.json ... --out DIR
 
 Ratios are meganeura / PyTorch: below 1 means meganeura is faster. Per workload: compile
 time, package load time (Session construction: buffers, weights, every pipeline), GPU time
@@ -9,7 +11,13 @@ time, package load time (Session construction: buffers, weights, every pipeline)
 time, host CPU time per recorded dispatch, memory (our package's buffer bytes; torch's
 max_memory_allocated over its model, optimizer and both programs), and the check that both
 sides compute the same thing: the max relative error (max |ours - torch| / max |torch|) of
-the inference output and of the first training step's loss.
+the inference output and of the first training step's loss. Beside our GPU time, the wall
+time of one synchronous call through the public API (Session.run: upload, run, read back).
+
+--fast-paths also times PyTorch's fast paths (torch_paths.py: TF32, bf16 autocast,
+torch.compile, a CUDA graph of inference) and gives our GPU ratio against the fastest of them
+and fp32 eager; --no-compile leaves torch.compile out (it takes seconds to minutes a model).
+--merge joins the results of a run split across calls (--only) into one, summary and all.
 
 --smoke swaps in tiny configurations (and runs torch on the CPU when there is no CUDA), so
 that the whole harness runs on lavapipe in minutes.
@@ -30,11 +38,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import models  # noqa: F401  (registers the paper's workloads and DINOv2)
-from timing import time_program, time_torch
-from workloads import WORKLOADS
+from timing import time_program, time_run, time_torch
+from torch_paths import error_text, run_paths
+from workloads import WORKLOADS, TorchSide
 
 MATCH_TOL = 1e-3  # a max relative error above this is flagged: not the same computation
 TARGETS = "train median <= 1.2x, none > 2x; inference median <= 1.0x; memory <= torch's on >= 4 of 5"
+FAST_TARGETS = "train median <= 0.8x, none > 1.0x; inference median <= 0.5x"  # against PyTorch's fastest path
 
 
 SESSION_OPTIONS = {}  # Session keyword arguments from the command line
@@ -184,7 +194,9 @@ def run_one(name, spec, args, device, tdev, options):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
-        tfwd, ttrain = case.setup(tdev)
+        side = case.setup(tdev)
+        side = side if isinstance(side, TorchSide) else TorchSide(*side)
+        tfwd, ttrain = side
         infer_feed = {k: v for k, v in case.inputs.items() if k != "labels"}
 
         # the same computation? inference output, then the first training step's loss (same weights)
@@ -219,6 +231,8 @@ def run_one(name, spec, args, device, tdev, options):
                 continue
             feed = case.inputs if prog == "train_step" else infer_feed
             ours = time_program(session, prog, feed, **kw)
+            call = time_run(session, prog, feed, **kw)  # one synchronous call through the public API
+            ours.update(session_run_wall_ms=call["wall_ms"], session_run_iters=call["iters"])
             theirs = time_torch(tfn, device=tdev, **kw)
             row[prog] = {"meganeura": ours, "torch": theirs,
                          "gpu_ratio": ours["gpu_ms"] / theirs["gpu_ms"] if ours["gpu_ms"] else None,
@@ -227,26 +241,54 @@ def run_one(name, spec, args, device, tdev, options):
             row["infer"]["torch_fp16_autocast"] = time_torch(infer_fp16, device=tdev, **kw)
             row["infer"]["gpu_ratio_vs_fp16_autocast"] = (row["infer"]["meganeura"]["gpu_ms"]
                                                           / row["infer"]["torch_fp16_autocast"]["gpu_ms"])
-        if cuda and case.torch_variants is not None:  # e.g. DINOv2: CUDA graph, torch.compile
+        if cuda:  # over the model, AdamW state and both programs; before any fast path's graphs and buffers
+            torch.cuda.synchronize()
+            row["torch_peak_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+        if args.fast_paths:
+            for prog in ("infer", "train_step"):
+                if prog in row:
+                    _fast_paths_into(row[prog], run_paths(side, prog, tdev, lambda fn: time_torch(fn, device=tdev, **kw),
+                                                          compile=not args.no_compile,
+                                                          compile_step=not args.compile_forward_only))
+            if case.torch_variants is not None:  # the fields DINOv2's rows had before: CUDA graph, torch.compile
+                for vname, path in (("cuda_graph", "cuda_graph"), ("torch_compile", "compile")):
+                    p = row["infer"]["torch_paths"].get(path, {})
+                    if "gpu_ms" in p:
+                        row["infer"][f"torch_{vname}"] = {k: p[k] for k in ("gpu_ms", "wall_ms", "iters", "made_s")}
+                        row["infer"][f"gpu_ratio_vs_{vname}"] = p["gpu_ratio"]
+            import torch._dynamo
+
+            torch._dynamo.reset()  # compiled code holds this workload's modules; the next one compiles afresh
+        elif cuda and case.torch_variants is not None:  # e.g. DINOv2: CUDA graph, torch.compile
             try:
                 for vname, (fn, made_s) in case.torch_variants(tdev).items():
                     row["infer"][f"torch_{vname}"] = {**time_torch(fn, device=tdev, **kw), "made_s": made_s}
                     row["infer"][f"gpu_ratio_vs_{vname}"] = (row["infer"]["meganeura"]["gpu_ms"]
                                                               / row["infer"][f"torch_{vname}"]["gpu_ms"])
             except Exception as exc:  # noqa: BLE001  (torch.compile needs a C compiler and Triton: report, go on)
-                row.setdefault("infer", {})["torch_variants_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                row.setdefault("infer", {})["torch_variants_error"] = error_text(exc)
         if args.profile:  # after the timed loops: one pass per dispatch inflates nothing they measure
             from profile_program import profile, summarize
 
             row["profile"] = {prog: summarize(profile(session, prog, repeats=3)) for prog in session.programs
                               if prog in ("infer", "train_step")}
-        if cuda:
-            torch.cuda.synchronize()
-            row["torch_peak_bytes"] = int(torch.cuda.max_memory_allocated() - base)
         row["notes"] = case.notes
     finally:
         session.close()
     return row
+
+
+def _fast_paths_into(entry, paths):
+    """A program's row entry with PyTorch's fast paths: each path's times and our GPU ratio to
+    it, the fastest of them and fp32 eager (its name and GPU ms), and our ratio to that."""
+    ours = entry["meganeura"]["gpu_ms"]
+    for p in paths.values():
+        if "gpu_ms" in p:
+            p["gpu_ratio"] = ours / p["gpu_ms"] if ours else None
+    timed = {"fp32": entry["torch"]["gpu_ms"], **{k: p["gpu_ms"] for k, p in paths.items() if "gpu_ms" in p}}
+    fastest = min(timed, key=timed.get)
+    entry.update(torch_paths=paths, fastest_torch=fastest, fastest_torch_gpu_ms=timed[fastest],
+                 gpu_ratio_vs_fastest=ours / timed[fastest] if ours else None)
 
 
 def main(argv=None):
@@ -261,6 +303,16 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true",
                     help="also GPU time per dispatch, grouped by kernel label (bench.json's 'profile')")
     ap.add_argument("--smoke", action="store_true", help="tiny configurations; torch on the CPU without CUDA")
+    ap.add_argument("--fast-paths", action="store_true",
+                    help="also time PyTorch's fast paths (TF32, bf16 autocast, torch.compile, CUDA graph of inference; "
+                         "torch_paths.py) and our GPU ratio against the fastest")
+    ap.add_argument("--no-compile", action="store_true", help="with --fast-paths: leave torch.compile out")
+    ap.add_argument("--compile-forward-only", action="store_true",
+                    help="with --fast-paths: torch.compile the training step's forward only (backward and AdamW "
+                         "eager), not the whole step function (whose compiled optimizer takes long on big models)")
+    ap.add_argument("--merge", nargs="+", metavar="BENCH_JSON",
+                    help="run nothing: join the rows of these bench.json files (one run split across calls with "
+                         "--only) into one bench.json and bench.md in --out, the summary over all of them")
     for flag, (_, value, what) in EXPERIMENTS.items():
         if value is None:
             ap.add_argument(flag, type=int, default=None, help=f"experiment: {what}")
@@ -280,6 +332,8 @@ def main(argv=None):
                     help="Session(shader_checks=False): kernels without the WGSL compiler's index clamps and "
                          "loop bounds (for packages one compiled oneself)")
     args = ap.parse_args(argv)
+    if args.merge:
+        return _merge(args.merge, Path(args.out))
     SESSION_OPTIONS["shader_checks"] = not args.no_shader_checks
     options, settings = _compile_options(args)
     if args.budget is None:
@@ -311,6 +365,9 @@ def main(argv=None):
             "iters": args.iters, "budget_s": args.budget, "share_scratch": not args.private_scratch,
             "shader_checks": not args.no_shader_checks,
             "quick_start": args.quick_start, "driver_start": driver,
+            "fast_paths": args.fast_paths and ("no torch.compile" if args.no_compile else
+                                               "torch.compile of the training forward only"
+                                               if args.compile_forward_only else "all"),
             "weights": args.weights, **settings, **load_settings}
     rows = []
     out = Path(args.out)
@@ -338,6 +395,20 @@ def main(argv=None):
     print(table)
 
 
+def _merge(paths, out: Path):
+    """One bench.json and bench.md from several runs' (workloads split across calls): their
+    rows in order, the first run's info (with merged_from), the summary recomputed."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    info = {**runs[0]["info"], "merged_from": [str(p) for p in paths]}
+    rows = [r for run in runs for r in run["rows"]]
+    summary = _summary(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps({"info": info, "rows": rows, "summary": summary}, indent=1))
+    table = _table(info, rows, summary)
+    (out / "bench.md").write_text(table)
+    print(table)
+
+
 def _f(x, fmt=".3f"):
     return "-" if x is None else format(x, fmt)
 
@@ -358,7 +429,11 @@ def _line(r):
             m, t = r[p]["meganeura"], r[p]["torch"]
             parts.append(f"{p}: gpu {_f(m['gpu_ms'])} vs {t['gpu_ms']:.3f} ms (x{_f(r[p]['gpu_ratio'], '.2f')}), "
                          f"wall {m['wall_ms']:.3f} vs {t['wall_ms']:.3f} ms ({m['dispatches']} dispatches, "
-                         f"{m['iters']}/{t['iters']} iters)")
+                         f"{m['iters']}/{t['iters']} iters), Session.run wall {_f(m.get('session_run_wall_ms'))} ms")
+            if "torch_paths" in r[p]:
+                parts.append(f"{p} fastest torch: {r[p]['fastest_torch']} {r[p]['fastest_torch_gpu_ms']:.3f} ms "
+                             f"(x{_f(r[p]['gpu_ratio_vs_fastest'], '.2f')}); "
+                             + ", ".join(f"{k} {_path_cell(v)}" for k, v in r[p]["torch_paths"].items()))
     if "infer_rel_err_f32_weights" in r:
         parts.append(f"vs torch's f32 weights {r['infer_rel_err_f32_weights']:.1e} "
                      f"({r['f16_weights_in_torch']} of {r['f16_weights']} f16 weights rounded in torch too)")
@@ -370,6 +445,35 @@ def _line(r):
         mem += f" vs torch peak {r['torch_peak_bytes'] / 2**20:.1f} MiB"
     parts.append(mem)
     return " | ".join(parts) + f" | {r['total_s']:.0f}s"
+
+
+def _path_cell(p, times=False):
+    """A fast path's result in a few characters: GPU ms (/ wall ms with `times`), or why none."""
+    if "gpu_ms" in p:
+        return f"{p['gpu_ms']:.3f}" + (f" / {p['wall_ms']:.3f}" if times else "")
+    return "error" if "error" in p else f"skipped ({p['skipped']})"
+
+
+def _fast_summary(rows, paper) -> dict:
+    """Our GPU ratio against PyTorch's fastest path: median (and training's max) over the
+    paper's five workloads, medians over every workload measured, and the targets."""
+    def ratios(sel, prog):
+        return [r[prog]["gpu_ratio_vs_fastest"] for r in sel
+                if r.get(prog, {}).get("gpu_ratio_vs_fastest") is not None]
+    ok = [r for r in rows if "error" not in r]
+    train, infer = ratios(paper, "train_step"), ratios(paper, "infer")
+    s = {"train_gpu_ratio_vs_fastest_median": float(np.median(train)) if train else None,
+         "train_gpu_ratio_vs_fastest_max": float(max(train)) if train else None,
+         "infer_gpu_ratio_vs_fastest_median": float(np.median(infer)) if infer else None}
+    for key, prog in (("train", "train_step"), ("infer", "infer")):
+        every = ratios(ok, prog)
+        s[f"{key}_gpu_ratio_vs_fastest_median_all"] = float(np.median(every)) if every else None
+        s[f"{key}_gpu_ratio_vs_fastest_workloads_all"] = len(every)
+    s["fast_targets_met"] = None if len(train) < 5 or len(infer) < 5 else {
+        "train_median_le_0.8": s["train_gpu_ratio_vs_fastest_median"] <= 0.8,
+        "train_none_gt_1.0": s["train_gpu_ratio_vs_fastest_max"] <= 1.0,
+        "infer_median_le_0.5": s["infer_gpu_ratio_vs_fastest_median"] <= 0.5}
+    return s
 
 
 def _summary(rows) -> dict:
@@ -388,7 +492,67 @@ def _summary(rows) -> dict:
     s["targets_met"] = None if len(train) < 5 or len(infer) < 5 or len(mem) < 5 else {
         "train_median_le_1.2": s["train_gpu_ratio_median"] <= 1.2, "train_none_gt_2": s["train_gpu_ratio_max"] <= 2.0,
         "infer_median_le_1.0": s["infer_gpu_ratio_median"] <= 1.0, "memory_4_of_5": s["memory_le_torch"] >= 4}
+    if any("torch_paths" in r.get(p, {}) for r in rows for p in ("infer", "train_step")):
+        s.update(_fast_summary(rows, paper))
     return s
+
+
+FAST_COLUMNS = (("tf32", "TF32"), ("bf16_autocast", "bf16 autocast"), ("compile", "torch.compile"),
+                ("cuda_graph", "CUDA graph"))
+
+
+def _fast_table(info, rows, s) -> list:
+    """The markdown lines for PyTorch's fast paths: times, how each was made, the medians."""
+    lines = ["", "PyTorch's fast paths (GPU ms / wall ms of one synchronous call; ratios are our GPU ms over "
+             "theirs; the fastest among fp32 eager and the paths)" + (": torch.compile left out (--no-compile)"
+                                                                    if info.get("fast_paths") == "no torch.compile"
+                                                                    else ""), "",
+             "| workload | program | meganeura GPU ms | Session.run wall ms | torch fp32 | "
+             + " | ".join(title for _, title in FAST_COLUMNS) + " | fastest | ratio vs fp32 | ratio vs fastest |",
+             "|---|---|---|---|---|" + "---|" * len(FAST_COLUMNS) + "---|---|---|"]
+    made = ["", "How each path was made: seconds to make it (with its first calls: torch.compile's compile), "
+            "its max rel err against fp32 eager at the same weights (inference output; training: the first "
+            "step's loss)", "", "| workload | program | " + " | ".join(t for _, t in FAST_COLUMNS) + " |",
+            "|---|---|" + "---|" * len(FAST_COLUMNS)]
+    errors = []
+    for r in rows:
+        for p in ("infer", "train_step"):
+            e = r.get(p, {})
+            if "torch_paths" not in e:
+                continue
+            m, paths = e["meganeura"], e["torch_paths"]
+            cells = [_path_cell(paths[k], times=True) if k in paths else "-" for k, _ in FAST_COLUMNS]
+            lines.append(f"| {r['workload']} | {p} | {_f(m['gpu_ms'])} | {_f(m.get('session_run_wall_ms'))} | "
+                         f"{e['torch']['gpu_ms']:.3f} / {e['torch']['wall_ms']:.3f} | " + " | ".join(cells)
+                         + f" | {e['fastest_torch']} | {_f(e['gpu_ratio'], '.2f')} | "
+                         f"{_f(e['gpu_ratio_vs_fastest'], '.2f')} |")
+            how = []
+            for k, _ in FAST_COLUMNS:
+                q = paths.get(k, {})
+                if "made_s" in q:
+                    how.append(f"{q['made_s']:.1f} s, {q['rel_err']:.1e}"
+                               + (f" of {q['fp32_loss']:.3g}" if "fp32_loss" in q else "")
+                               + (f" ({q['compiled']})" if "compiled" in q else ""))
+                else:
+                    how.append("-" if not q else _path_cell(q))
+                for key in ("error", "step_error"):
+                    if key in q:
+                        errors.append(f"- {r['workload']} {p} {k}{' (whole step)' if key == 'step_error' else ''}: "
+                                      f"{q[key]}")
+            made.append(f"| {r['workload']} | {p} | " + " | ".join(how) + " |")
+    lines += made + ["", f"Against PyTorch's fastest path (targets: {FAST_TARGETS}):", "",
+                     f"- over the paper's five: train step median {_f(s['train_gpu_ratio_vs_fastest_median'], '.2f')}, "
+                     f"max {_f(s['train_gpu_ratio_vs_fastest_max'], '.2f')}; inference median "
+                     f"{_f(s['infer_gpu_ratio_vs_fastest_median'], '.2f')}; targets met: "
+                     f"{s['fast_targets_met'] if s['fast_targets_met'] is not None else 'n/a (not all five measured)'}",
+                     f"- over every workload measured: train step median "
+                     f"{_f(s['train_gpu_ratio_vs_fastest_median_all'], '.2f')} "
+                     f"({s['train_gpu_ratio_vs_fastest_workloads_all']} workloads), inference median "
+                     f"{_f(s['infer_gpu_ratio_vs_fastest_median_all'], '.2f')} "
+                     f"({s['infer_gpu_ratio_vs_fastest_workloads_all']} workloads)"]
+    if errors:
+        lines += ["", "Paths that failed:", ""] + errors
+    return lines
 
 
 def _table(info, rows, summary):
@@ -398,8 +562,8 @@ def _table(info, rows, summary):
              f"({info['torch_device']}), fp32 (TF32 off); at most {info['iters']} timed runs or {info['budget_s']:g} s "
              "per program and side", "",
              "| workload | program | meganeura GPU ms | torch GPU ms | GPU ratio | meganeura wall ms | torch wall ms "
-             "| wall ratio | dispatches | encode us/dispatch | runs (ours/torch) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| wall ratio | Session.run wall ms | dispatches | encode us/dispatch | runs (ours/torch) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['workload']} | error: {r['error'][:100]} |")
@@ -410,7 +574,8 @@ def _table(info, rows, summary):
             m, t = r[p]["meganeura"], r[p]["torch"]
             lines.append(f"| {r['workload']} | {p} | {_f(m['gpu_ms'])} | {t['gpu_ms']:.3f} | "
                          f"{_f(r[p]['gpu_ratio'], '.2f')} | {m['wall_ms']:.3f} | {t['wall_ms']:.3f} | "
-                         f"{r[p]['wall_ratio']:.2f} | {m['dispatches']} | {m['encode_us_per_dispatch']:.1f} | "
+                         f"{r[p]['wall_ratio']:.2f} | {_f(m.get('session_run_wall_ms'))} | {m['dispatches']} | "
+                         f"{m['encode_us_per_dispatch']:.1f} | "
                          f"{m['iters']}/{t['iters']} |")
     pool = "scratch pooled across programs" if info.get("share_scratch") else "scratch private per program"
     lines += ["", f"| workload | parameters | compile s | package read s | load s: first launch from the file / warm, from a read package | meganeura buffers MiB "
@@ -445,6 +610,8 @@ def _table(info, rows, summary):
                              f"(x{_f(inf[f'gpu_ratio_vs_{v}'], '.2f')}; made in {inf[f'torch_{v}']['made_s']:.1f} s)")
         if "torch_variants_error" in inf:
             lines.append(f"- {r['workload']}: PyTorch's CUDA graph / torch.compile failed: {inf['torch_variants_error']}")
+    if "infer_gpu_ratio_vs_fastest_median" in s:
+        lines += _fast_table(info, rows, s)
     notes = {r["workload"]: r["notes"] for r in rows if r.get("notes")}
     if notes:
         lines += ["", "Torch side: " + "; ".join(f"{k}: {', '.join(f'{a} {b}' for a, b in v.items())}"

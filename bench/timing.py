@@ -86,6 +86,21 @@ def time_program(session, program: str, inputs: dict, iters: int = 50, warmup: i
             "encode_us_per_dispatch": float(np.median(encode)) * 1e6 / max(n, 1)}
 
 
+def time_run(session, program: str, inputs: dict, iters: int = 50, warmup: int = 2,
+             budget_s: float | None = None) -> dict:
+    """Median wall latency of one synchronous call through the public API,
+    `Session.run(program, inputs)`: the inputs checked and uploaded, the program recorded
+    and submitted, the wait, the outputs read back (a training step's loss)."""
+
+    def once():
+        t0 = time.perf_counter()
+        session.run(program, inputs)
+        return time.perf_counter() - t0
+
+    samples = _loop(once, iters, warmup, budget_s)
+    return {"wall_ms": float(np.median(samples)) * 1e3, "iters": len(samples)}
+
+
 def time_torch(fn, iters: int = 50, warmup: int = 5, budget_s: float | None = None, device: str = "cuda") -> dict:
     """Median CUDA-event time and wall latency of fn() on the current CUDA device. On the
     CPU (`device="cpu"`, smoke runs) both are the wall time."""

@@ -3,7 +3,9 @@ model, its training configuration (or None), the inputs (training's "labels" amo
 and setup(torch_device) -> (infer, train_step): PyTorch functions running the same
 computation with the same weights (fp32). infer() returns the output that meganeura's
 infer program's `output` is checked against; train_step() returns the loss tensor (or
-train_step is None). `smoke` asks for a tiny configuration that lavapipe and a CPU torch
+train_step is None). setup returns a TorchSide: that pair, with the pieces it is made of
+(forward, loss, optimizer, set_mode) from which bench/torch_paths.py makes PyTorch's fast
+paths (TF32, bf16 autocast, torch.compile, CUDA graphs). `smoke` asks for a tiny configuration that lavapipe and a CPU torch
 run in seconds. bench/models.py adds the paper's five models and DINOv2."""
 from __future__ import annotations
 
@@ -26,6 +28,47 @@ class Case:
     torch_variants: Callable | None = None  # cuda device -> {name: (infer fn, seconds to make it)}
 
 
+class TorchSide(tuple):
+    """What a Case's setup(device) returns: the pair (infer, train_step), which unpacks as a
+    pair, and its pieces: forward() -> output (no mode switch; autograd as the caller has it),
+    loss(output) -> loss tensor, the optimizer, and set_mode(training) (the module's train() /
+    eval(), switched only when the mode changes). loss and optimizer are None without training."""
+
+    def __new__(cls, infer, train, forward=None, loss=None, optimizer=None, set_mode=None):
+        self = super().__new__(cls, (infer, train))
+        self.forward, self.loss, self.optimizer = forward, loss, optimizer
+        self.set_mode = set_mode or (lambda training: None)
+        return self
+
+
+def module_side(module, forward, loss=None, optimizer=None) -> TorchSide:
+    """infer and train_step of `module` from forward() -> output and loss(output) -> loss: the
+    module switches between eval() (infer) and train() (training step) only when the mode
+    changes, so the timed loops never pay for it."""
+    import torch
+
+    mode = [None]
+
+    def set_mode(training):
+        if mode[0] != training:
+            module.train(training)
+            mode[0] = training
+
+    def infer():
+        set_mode(False)
+        with torch.no_grad():
+            return forward()
+
+    def train():
+        set_mode(True)
+        optimizer.zero_grad(set_to_none=True)
+        value = loss(forward())
+        value.backward()
+        optimizer.step()
+        return value
+    return TorchSide(infer, train if loss is not None else None, forward, loss, optimizer, set_mode)
+
+
 def _gemm(m, k, n):
     def spec(smoke=False):
         import torch
@@ -41,7 +84,10 @@ def _gemm(m, k, n):
 
         def setup(dev):
             ta, tw = torch.tensor(a, device=dev), torch.tensor(w, device=dev)
-            return (lambda: ta @ tw), None
+
+            def forward():
+                return ta @ tw
+            return TorchSide(forward, None, forward)
         return Case(b.build(), None, {"a": a}, setup, config=f"{mm}x{kk}x{nn}")
     return spec
 
@@ -71,18 +117,7 @@ def _mlp(batch, sizes):
             tmc = tm.to(dev)
             opt = torch.optim.AdamW(tmc.parameters(), lr=1e-3)
             tx, ty = torch.tensor(x, device=dev), torch.tensor(y, device=dev)
-
-            def infer():
-                with torch.no_grad():
-                    return tmc(tx)
-
-            def train():
-                opt.zero_grad(set_to_none=True)
-                loss = torch.nn.functional.cross_entropy(tmc(tx), ty)
-                loss.backward()
-                opt.step()
-                return loss
-            return infer, train
+            return module_side(tmc, lambda: tmc(tx), lambda out: torch.nn.functional.cross_entropy(out, ty), opt)
         return Case(model, TrainConfig(loss="cross_entropy", optimizer="adamw", lr=1e-3), {"x": x, "labels": y}, setup,
                     config=f"{'-'.join(map(str, sizes))}, batch {n}")
     return spec
