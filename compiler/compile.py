@@ -28,7 +28,7 @@ from .ir.lora import Adapters, add_adapters
 from .ir.training import ROW_MASK, TrainConfig, build_training_graph
 from .options import DEFAULT, CompileOptions
 from .package.blob import Reservation
-from .package.writer import PackageBuilder
+from .package.writer import PackageBuilder, initializer_notes
 from .passes.half_weights import half_weights
 from .passes.prepare import prepare
 from .passes.remat import fit, parse_size
@@ -97,7 +97,7 @@ def compile_model(model: Model, train: TrainConfig | None = None, source: dict |
     lora = _adapters(model, train)
     forward = model.graph if lora is None else lora.graph
     graphs, extra, after = {"infer": prepare(forward, options)}, {}, {}
-    meta = {"source": source or {}, "batch": _batch_info(model)}
+    meta = {"source": source or {}, "batch": _batch_info(model), **initializer_notes(model)}
     if train is not None:
         step("autodiff and optimizer")
         tg = prepare(build_training_graph(forward, train, options), options)

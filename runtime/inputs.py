@@ -7,6 +7,7 @@ import numpy as np
 
 from .errors import InputError
 from .format import F16_MAX
+from .formats import INTS, NARROW, to_source
 
 
 def fits(t, v):
@@ -68,8 +69,8 @@ def check_batch(program, inputs: dict, batch: int | None, training, check_finite
 
 def _array(name, value, t):
     arr = np.asarray(value)
-    if arr.dtype.name == "bfloat16":  # (ml_dtypes' type, numpy has none)
-        arr = arr.astype(np.float32)
+    if arr.dtype.name == "bfloat16" or arr.dtype.name in NARROW:  # (ml_dtypes' types, numpy has none)
+        arr = arr.astype(np.int32 if arr.dtype.name in INTS else np.float32)
     if arr.dtype.kind not in "fiub":
         raise InputError(f"input {name!r} holds {arr.dtype} values; it takes "
                          f"{'integers' if t.dtype == 'i32' else 'real numbers'}")
@@ -107,8 +108,13 @@ def _values(name, arr, t, check_finite):
             raise InputError(f"input {name!r}{_source_text(t)} holds {arr[tuple(bad)]} at index "
                              f"{tuple(int(i) for i in bad)}, outside the 32-bit integer range the model "
                              "computes in")
+        lo, hi = INTS.get(t.source, (0, 0))
+        if t.source in INTS and arr.size and (arr.min() < lo or arr.max() > hi):
+            raise InputError(f"input {name!r} is {t.source} in the source model: it takes integers in [{lo}, {hi}]")
         return arr.astype(np.int32)
     out = arr.astype(np.float32)
+    if t.source in NARROW:  # rounded to the source model's type, as its Cast would
+        out = to_source(out, t.source)
     if check_finite and not np.isfinite(out).all():
         bad = np.argwhere(~np.isfinite(out))[0]
         raise InputError(f"input {name!r} holds NaN or infinity (first at index {tuple(int(i) for i in bad)}, "
@@ -138,6 +144,8 @@ def as_source(t, arr: np.ndarray) -> np.ndarray:
         return arr != 0
     if t.source in _WRAP:
         return arr.astype(_WRAP[t.source]).astype(np.int32)
+    if t.source in NARROW:  # float8, float4 and e8m0 as float32, 4- and 2-bit integers as int32
+        return to_source(arr, t.source)
     return arr
 
 

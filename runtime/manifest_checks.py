@@ -155,6 +155,20 @@ def check_programs(m) -> None:
             memory = check_dict(train["memory"], "training.memory")
             for k in MEMORY_FIELDS:
                 check_int(field(memory, k, "training.memory"), f"training.memory.{k}", 0, 1 << 62)
+    _check_initializers(m.get("initializers"))
+
+
+def _check_initializers(notes) -> None:
+    """The optional record of weights the compiler split or kept tied (`meganeura info` prints it)."""
+    for i, n in enumerate(check_list(notes, "initializers", 1 << 20) if notes is not None else ()):
+        w = f"initializers[{i}]"
+        check_dict(n, w)
+        if field(n, "action", w) not in ("split", "tied"):
+            fail(f"{w}.action: {n['action']!r:.40} is not 'split' or 'tied'")
+        check_str(field(n, "initializer", w), f"{w}.initializer", 512)
+        check_str(field(n, "why", w), f"{w}.why", 512)
+        for p in check_list(field(n, "params", w), f"{w}.params", 1 << 16):
+            check_str(p, f"{w}.params", 512)
 
 
 def _check_lora(lora, params: set) -> None:

@@ -40,6 +40,7 @@ def summary(m: Manifest, raw_size: int) -> str:
             lines.append(_step_memory(m, t.memory))
     if m.batch_size:
         lines.append(f"  batch size: {m.batch_size}")
+    lines.extend(_initializers(m.initializers))
     return "\n".join(lines)
 
 
@@ -75,6 +76,19 @@ def _lora(lora, params) -> str:
     return (f"  LoRA adapters: {len(lora.adapters)} (rank {lora.rank}, alpha {lora.alpha:g}, scale {lora.scale:g}) "
             f"on {', '.join(a.module for a in lora.adapters[:4])}{', ...' if len(lora.adapters) > 4 else ''}; "
             f"trainable {trained} of {total} values ({100 * trained / max(total, 1):.2f}%)")
+
+
+def _initializers(notes) -> list:
+    """The source file's weights that several nodes read: split into the parameters the source
+    model kept apart, or kept tied as one."""
+    lines = []
+    for action, head in (("split", "weights split (the exporter merged equal tensors the model keeps apart)"),
+                         ("tied", "weights kept tied (one parameter, as in the source model)")):
+        these = [n for n in notes if n.action == action]
+        if these:
+            lines.append(f"  {head}: {len(these)}")
+            lines += [f"    {n.initializer} -> {', '.join(n.params)}: {n.why}" for n in these]
+    return lines
 
 
 def _typed(t) -> str:

@@ -19,8 +19,10 @@ from .format import DTYPES
 
 
 # element types a package may record as an input's or output's source type, by the tensor's dtype
-SOURCE_DTYPES = {"f32": ("float16", "bfloat16", "bool"),
-                 "i32": ("int8", "uint8", "int16", "uint16", "uint32", "int64", "uint64", "bool")}
+SOURCE_DTYPES = {"f32": ("float16", "bfloat16", "bool", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                         "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn"),
+                 "i32": ("int8", "uint8", "int16", "uint16", "uint32", "int64", "uint64", "bool", "int4", "uint4",
+                         "int2", "uint2")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +219,17 @@ class BufferPlan:
         return [t for t in self.tensors if t.role in ("param", "state", "constant") and t.init == "blob"]
 
 
+@dataclass(frozen=True, slots=True)
+class SharedInitializer:
+    """A weight of the source file that several nodes read: "split" into the parameters the
+    source model kept apart (its exporter merged equal values), or kept "tied" as one."""
+
+    action: str  # "split" | "tied"
+    initializer: str  # the source file's name for it
+    params: tuple[str, ...]
+    why: str
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Manifest:
     plan: BufferPlan
@@ -224,6 +237,7 @@ class Manifest:
     programs: Mapping[str, Program]
     batch_size: int | None
     training: Training | None
+    initializers: tuple[SharedInitializer, ...] = ()  # what the compiler split or kept tied
 
     @property
     def tensors(self) -> tuple[TensorInfo, ...]:
@@ -268,7 +282,9 @@ def parse_manifest(m: dict, plan: BufferPlan | None = None) -> Manifest:
                                                    train.get("classes"), _lora(train.get("lora")),
                                                    _memory(train.get("memory")))
     batch = m.get("batch")
-    return Manifest(plan, kernels, programs, None if batch is None else batch["size"], training)
+    shared = tuple(SharedInitializer(n["action"], n["initializer"], tuple(n["params"]), n["why"])
+                   for n in m.get("initializers", ()))
+    return Manifest(plan, kernels, programs, None if batch is None else batch["size"], training, shared)
 
 
 def _program(name: str, p: dict, tensors: tuple, bound: dict) -> Program:

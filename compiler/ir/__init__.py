@@ -6,3 +6,5 @@ package imports them all, so OPS is whole wherever it is read.
 """
 from . import ops, ops_int, ops_layers, ops_nn, ops_optim  # noqa: F401  (each registers its rows)
 from . import ops_index  # noqa: F401  (indexed writes)
+from . import ops_math  # noqa: F401  (elementary functions, tensor powers, float remainders)
+from . import ops_formats  # noqa: F401  (rounding into narrow number formats)

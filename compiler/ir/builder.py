@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .emit import Emitter
@@ -50,11 +52,23 @@ class Tensor:
         return f"Tensor(%{self.id}: {self.dtype}{list(self.shape)})"
 
 
+@dataclass(frozen=True)
+class InitializerNote:
+    """What an importer did with a weight that several nodes read: "split" it into one
+    parameter per tensor the source model kept apart (an exporter merged equal values), or
+    kept it "tied" (one parameter, as the source model uses it)."""
+    action: str  # "split" | "tied"
+    initializer: str  # the source file's name for it
+    params: tuple  # the parameters it became
+    why: str
+
+
 class Model:
     """A built forward graph: inputs, parameters with values, named outputs."""
 
     def __init__(self, graph: Graph):
         self.graph = graph
+        self.initializer_notes: tuple = ()  # InitializerNote records of an import
 
     @property
     def params(self) -> dict:

@@ -1,5 +1,5 @@
 """Graph builders for ops that read or write by index: GatherElements, GatherND,
-ScatterElements / Scatter, ScatterND, OneHot, Hardmax, Trilu, CumSum.
+ScatterElements / Scatter, ScatterND, TensorScatter, MaxUnpool, OneHot, Hardmax, Trilu, CumSum.
 
 Element positions are flat ids into a tensor viewed as rows, read with `gather` and written
 with `index_put`. Indices known at import time become constant ids; computed ones (i32
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import Known
+from .common import Known, as_ints
 
 EXACT_IDS = 1 << 24  # float32 holds every integer below this
 
@@ -19,6 +19,11 @@ def _float_tensor(im, name, op):
     if t.dtype != "f32":
         raise NotImplementedError(f"node {im.label!r}: {op} of an integer tensor")
     return t
+
+
+def zero_of(b, t):
+    """The scalar 0 of t's dtype."""
+    return b.const(0, "i32") if t.dtype == "i32" else b.const(0.0)
 
 
 def flat_ids(im, name, lead, dims, strides, base):
@@ -66,7 +71,7 @@ def _index_shape(im, name):
 
 
 def _b_gather_elements(im, ins, at):
-    b, x = im.b, _float_tensor(im, ins[0], "GatherElements")
+    b, x = im.b, im.tensor(ins[0])
     axis = int(at.get("axis", 0)) % len(x.shape)
     ids, ishape = _element_ids(im, x, ins[1], axis)
     return b.reshape(b.gather(b.reshape(x, (int(np.prod(x.shape)), 1)), ids), ishape)
@@ -89,7 +94,7 @@ def _nd_ids(im, x, name, batch):
 
 
 def _b_gather_nd(im, ins, at):
-    b, x = im.b, _float_tensor(im, ins[0], "GatherND")
+    b, x = im.b, im.tensor(ins[0])
     ids, rows, lead, used = _nd_ids(im, x, ins[1], int(at.get("batch_dims", 0)))
     y = b.gather(b.reshape(x, (rows,) + x.shape[used:]), ids)
     return b.reshape(y, lead + x.shape[used:])
@@ -138,16 +143,17 @@ def _shifted(b, x, by):
     if abs(by) >= n:
         return None
     part = b.slice(x, starts=(0,) * (rank - 1) + (max(-by, 0),), steps=(1,) * rank, shape=x.shape[:-1] + (n - abs(by),))
-    return b.pad(part, starts=(0,) * (rank - 1) + (max(by, 0),), steps=(1,) * rank, shape=x.shape, value=0.0)
+    return b.pad(part, starts=(0,) * (rank - 1) + (max(by, 0),), steps=(1,) * rank, shape=x.shape,
+                 value=0 if x.dtype == "i32" else 0.0)
 
 
 def running_sum(b, x, axis, exclusive=False, reverse=False):
     """Cumulative sum along `axis`: a matmul with a 0/1 triangular matrix, or on long axes
-    a scan (each step adds the running sums 1, 2, 4, ... places back)."""
+    and integers (exact in i32) a scan (each step adds the running sums 1, 2, 4, ... places back)."""
     n = x.shape[axis]
     xt, back = _to_last(b, x, axis)
     sign = -1 if reverse else 1
-    if n <= MATMUL_SCAN:
+    if n <= MATMUL_SCAN and x.dtype == "f32":
         i, j = np.arange(n)[:, None], np.arange(n)[None, :]
         tri = {(False, False): i <= j, (True, False): i < j, (False, True): i >= j, (True, True): i > j}
         flat = b.reshape(xt, (-1, n))
@@ -162,20 +168,20 @@ def running_sum(b, x, axis, exclusive=False, reverse=False):
 
 
 def _b_cumsum(im, ins, at):
-    x = _float_tensor(im, ins[0], "CumSum")
+    x = im.tensor(ins[0])
     axis = int(np.asarray(im.known(ins[1], "axis")).reshape(-1)[0]) % len(x.shape)
     return running_sum(im.b, x, axis, bool(at.get("exclusive", 0)), bool(at.get("reverse", 0)))
 
 
 def _b_trilu(im, ins, at):
-    x = _float_tensor(im, ins[0], "Trilu")
+    x = im.tensor(ins[0])
     k = int(np.asarray(im.opt(ins, 1, "k")).reshape(-1)[0]) if len(ins) > 1 and ins[1] else 0
     m, n = x.shape[-2:]
     d = np.arange(n)[None, :] - np.arange(m)[:, None]
     keep = d >= k if at.get("upper", 1) else d <= k
     if keep.all():
         return x
-    return im.b.op("where", im.b.constant(keep.astype(np.float64)), x, 0.0)  # 0 also where x is inf or NaN
+    return im.b.op("where", im.b.constant(keep.astype(np.float64)), x, zero_of(im.b, x))  # 0 also where x is inf or NaN
 
 
 def _b_hardmax(im, ins, at):
@@ -204,7 +210,7 @@ def _b_one_hot(im, ins, at):
     if isinstance(values, Known):
         off, on = (b.const(float(v)) for v in np.asarray(values.value, np.float64).reshape(-1)[:2])
     else:
-        vt = _float_tensor(im, ins[2], "OneHot values")
+        vt = im.tensor(ins[2])
         off, on = (b.slice(vt, starts=(s,), steps=(1,), shape=(1,)) for s in (0, 1))
     v = im.env[ins[0]]
     if isinstance(v, Known):
@@ -227,6 +233,59 @@ def _b_one_hot(im, ins, at):
     return b.transpose(y, perm)
 
 
+def _b_tensor_scatter(im, ins, at):
+    """The cache with each batch item's update written along `axis` from its write index
+    (mode circular: wrapping around): an index_put of rows [prefix * length + position]."""
+    b, cache = im.b, _float_tensor(im, ins[0], "TensorScatter")
+    upd = _float_tensor(im, ins[1], "TensorScatter")
+    rank = len(cache.shape)
+    axis = int(at.get("axis", -2)) % rank
+    if axis == 0:
+        raise ValueError(f"node {im.label!r}: TensorScatter along the batch axis")
+    mode, length, count = at.get("mode", "linear"), cache.shape[axis], upd.shape[axis]
+    if mode not in ("linear", "circular"):
+        raise NotImplementedError(f"node {im.label!r}: TensorScatter mode {mode!r}")
+    prefix, inner = cache.shape[:axis], int(np.prod(cache.shape[axis + 1:], dtype=np.int64))
+    batch, rest = prefix[0], int(np.prod(prefix[1:], dtype=np.int64))
+    pos = np.arange(count).reshape(1, 1, count)
+    base = (np.arange(batch * rest).reshape(batch, rest, 1)) * length
+    wv = im.env[ins[2]] if len(ins) > 2 and ins[2] else Known(np.zeros(batch, np.int64), "write_indices")
+    if isinstance(wv, Known):
+        at_pos = np.asarray(wv.value).astype(np.int64).reshape(batch, 1, 1) + pos
+        if mode == "linear" and (at_pos.max() >= length or at_pos.min() < 0):
+            raise ValueError(f"node {im.label!r}: a write index puts the update past the cache's {length}")
+        ids = b.constant_ids(base + at_pos % length)
+    else:
+        start = b.reshape(im.tensor(ins[2]), (batch, 1, 1)) + b.constant_ids(pos)
+        if mode == "circular":
+            start = b.op("mod", start, b.const(length, "i32"))
+        ids = start + b.constant_ids(base)
+    rows = b.reshape(cache, (batch * rest * length, inner))
+    y = b.op("index_put", rows, ids, b.reshape(upd, (batch, rest, count, inner)), reduction="none")
+    return b.reshape(y, cache.shape)
+
+
+def _b_max_unpool(im, ins, at):
+    """X written at its flat indices into zeros of the size MaxPool's geometry gives, placed
+    at the start of a larger output_shape when one is given (as the ONNX reference does)."""
+    b, x = im.b, _float_tensor(im, ins[0], "MaxUnpool")
+    kernel = as_ints(at["kernel_shape"])
+    nd = len(kernel)
+    strides = as_ints(at.get("strides", [1] * nd))
+    pads = as_ints(at.get("pads", [0] * (2 * nd)))
+    size = x.shape[:2] + tuple((x.shape[2 + i] - 1) * strides[i] - pads[i] - pads[nd + i] + kernel[i]
+                               for i in range(nd))
+    total = int(np.prod(size, dtype=np.int64))
+    iv = im.env[ins[1]]
+    ids = b.constant_ids(np.asarray(iv.value).astype(np.int64)) if isinstance(iv, Known) else im.tensor(ins[1])
+    zeros = b.op("broadcast_to", b.const(0.0), shape=(total, 1))
+    y = b.reshape(b.op("index_put", zeros, ids, b.reshape(x, ids.shape + (1,)), reduction="none"), size)
+    out = tuple(as_ints(im.opt(ins, 2, "output_shape"))) if len(ins) > 2 and ins[2] else size
+    if out == size:
+        return y
+    return b.pad(y, starts=(0,) * len(size), steps=(1,) * len(size), shape=out, value=0.0)
+
+
 BUILD_INDEX = {
     "GatherElements": _b_gather_elements,
     "GatherND": _b_gather_nd,
@@ -237,8 +296,12 @@ BUILD_INDEX = {
     "Trilu": _b_trilu,
     "Hardmax": _b_hardmax,
     "OneHot": _b_one_hot,
+    "TensorScatter": _b_tensor_scatter,
+    "MaxUnpool": _b_max_unpool,
 }
 
-# index inputs read as i32 tensors; the data inputs must be float
-INT_OK_INDEX = frozenset({"GatherElements", "GatherND", "ScatterElements", "Scatter", "ScatterND", "OneHot"})
-PARAM_INPUTS_INDEX = {"CumSum": (1,), "Trilu": (1,), "OneHot": (1,)}
+# ops that take integer tensors: index inputs, and the data of gathers, Trilu, CumSum and OneHot
+# (scatters' data must be float)
+INT_OK_INDEX = frozenset({"GatherElements", "GatherND", "ScatterElements", "Scatter", "ScatterND", "OneHot", "Trilu",
+                          "CumSum", "MaxUnpool", "TensorScatter"})
+PARAM_INPUTS_INDEX = {"CumSum": (1,), "Trilu": (1,), "OneHot": (1,), "MaxUnpool": (2,)}

@@ -1,5 +1,5 @@
-"""Graph builders for composite ONNX ops: Attention, the two classification losses,
-LRN, LpPool, CenterCropPad, IsNaN / IsInf."""
+"""Graph builders for composite ONNX ops: RotaryEmbedding, the two classification losses,
+LRN, LpPool, CenterCropPad, IsNaN / IsInf (attention: build_attention.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,95 +7,8 @@ import numpy as np
 from .build_nn import pool_builder
 from .common import as_ints, Known
 
-_NEG_INF = float("-inf")
 
-
-# -------------------------------------------------------------------- attention
-def _heads(im, t, heads):
-    """[B, S, heads * D] -> [B, heads, S, D]."""
-    bs, s, hidden = t.shape
-    return im.b.transpose(im.b.reshape(t, (bs, s, heads, hidden // heads)), (0, 2, 1, 3))
-
-
-def _window_bias(at, s, t, offset):
-    """The constant part of the additive mask: causal and sliding-window, 0 / -inf."""
-    i, j = np.arange(s)[:, None], np.arange(t)[None, :]
-    allowed = np.ones((s, t), bool)
-    if at.get("is_causal", 0):
-        allowed &= j <= i + offset
-    left, right = int(at.get("left_window_size", -1)), int(at.get("right_window_size", -1))
-    if left >= 0:
-        allowed &= (i + offset) - j <= left
-    if right >= 0:
-        allowed &= j - (i + offset) <= right
-    return None if allowed.all() else np.where(allowed, 0.0, _NEG_INF)
-
-
-def _b_attention(im, ins, at):
-    """ONNX Attention (opset 23+): GQA heads, a bool or additive mask, causal
-    (top-left aligned, or after the past keys), past/present key-value cache, softcap,
-    and the qk_matmul_output modes; fully masked rows give 0, as ONNX says. The plain
-    case (no softcap, no extra outputs, nothing fully masked) is one `attention` node."""
-    b = im.b
-    if len(ins) > 6 and ins[6]:
-        raise NotImplementedError(f"node {im.label!r}: Attention with nonpad_kv_seqlen")
-    q, k, v = (im.tensor(n) for n in ins[:3])
-    rank = len(q.shape)
-    if rank == 3:
-        q, k, v = _heads(im, q, int(at["q_num_heads"])), *(_heads(im, x, int(at["kv_num_heads"])) for x in (k, v))
-    past = im.tensor(ins[4]).shape[2] if len(ins) > 4 and ins[4] else 0
-    if len(ins) > 4 and ins[4]:
-        k = b.concat(im.tensor(ins[4]), k, axis=2)
-        v = b.concat(im.tensor(ins[5]), v, axis=2)
-    bs, hq, s, d = q.shape
-    hk, t = k.shape[1], k.shape[2]
-    scale = float(at["scale"]) if "scale" in at else 1.0 / float(np.sqrt(d))
-    const = _window_bias(at, s, t, past)  # causal: key j <= past + query i
-    mask = None
-    if len(ins) > 3 and ins[3]:
-        m = im.tensor(ins[3])
-        if m.id in im.masks or m.dtype == "i32":
-            m = b.op("where", im.mask_of(ins[3]), 0.0, _NEG_INF)
-        if m.shape[-1] < t:  # a short mask: the missing keys are masked
-            rank_m = len(m.shape)
-            m = b.pad(m, starts=(0,) * rank_m, steps=(1,) * rank_m, shape=m.shape[:-1] + (t,), value=_NEG_INF)
-        mask = m
-    outs = [None] * 4
-    mode = int(at.get("qk_matmul_output_mode", 0))
-    softcap = float(at.get("softcap", 0.0) or 0.0)
-    want_qk = len(im.node.output) > 3 and im.node.output[3]
-    full_rows = mask is not None or (const is not None and np.isneginf(const).all(axis=-1).any())
-    if not (softcap > 0 or want_qk or full_rows):
-        bias = [b.constant(const)] if const is not None else []
-        y = b.attention(q, k, v, *bias, scale=scale)
-    else:
-        rep = hq // hk
-        qg = b.reshape(q, (bs, hk, rep * s, d))
-        scores = b.reshape(b.matmul(qg, k, trans_b=True) * scale, (bs, hq, s, t))
-        if softcap > 0:
-            scores = b.tanh(scores * (1.0 / softcap)) * softcap
-        qk = scores
-        bias = mask
-        if const is not None:
-            bias = b.constant(const) if bias is None else bias + b.constant(const)
-        if bias is not None:
-            scores = scores + bias
-        if mode == 2:
-            qk = scores
-        p = b.softmax(scores, -1)
-        if bias is not None:  # a row whose bias is all -inf attends to nothing: 0
-            dead = b.op("eq", b.max(bias, [len(bias.shape) - 1], True), _NEG_INF)
-            p = b.op("where", dead, 0.0, p)
-        if mode == 3:
-            qk = p
-        outs[3] = qk
-        y = b.reshape(b.matmul(b.reshape(p, (bs, hk, rep * s, t)), v), (bs, hq, s, v.shape[3]))
-    if rank == 3:
-        y = b.reshape(b.transpose(y, (0, 2, 1, 3)), (bs, s, hq * v.shape[3]))
-    outs[:3] = [y, k, v]
-    return outs
-
-
+# ------------------------------------------------------------- rotary embedding
 def _b_rotary(im, ins, at):
     """ONNX RotaryEmbedding on the `rope` row: halves (or interleaved pairs, moved into
     halves and back) of the first rotary_embedding_dim features of each head."""
@@ -230,7 +143,6 @@ def _b_isinf(im, ins, at):
 
 
 BUILD_LAYERS = {
-    "Attention": _b_attention,
     "RotaryEmbedding": _b_rotary,
     "NegativeLogLikelihoodLoss": _b_nll,
     "SoftmaxCrossEntropyLoss": _b_sce,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.builder import Tensor
+from .build_extra_math import float_mod, power
 from .common import BOOL_TYPE, FLOAT_TYPES, I32_RANGE, INT_TYPES, flatten_shape, Known
 
 
@@ -128,15 +129,15 @@ def _b_relu(im, ins, at):
 
 
 def _b_mod(im, ins, at):
-    """fmod=1: the remainder with the dividend's sign (the `mod` row); fmod=0 (integers only, as
-    ONNX says): with the divisor's sign, r + b where r is nonzero and its sign differs from b's."""
+    """fmod=1: the remainder with the dividend's sign (the `mod` row); fmod=0: with the divisor's
+    sign, r + b where r is nonzero and its sign differs from b's. Floats: exactly (`float_mod`)."""
     a, c = im.pair(ins[0], ins[1])
     b = im.b
+    if a.dtype != "i32":
+        return float_mod(im, a, c, bool(at.get("fmod", 0)))
     r = b.mod(a, c)
     if at.get("fmod", 0):
         return r
-    if a.dtype != "i32":
-        raise NotImplementedError(f"node {im.label!r}: Mod of floats with fmod=0 (ONNX asks fmod=1 for floats)")
     differ = 1.0 - b.eq(b.greater(0, r), b.greater(0, c))
     return b.where(differ * (1.0 - b.eq(r, 0)), r + c, r)
 
@@ -179,9 +180,10 @@ def _b_matmul(im, ins, at):
 
 
 def _b_pow(im, ins, at):
-    c = np.asarray(im.known(ins[1], "the exponent"))
-    if c.size != 1:
-        raise NotImplementedError(f"node {im.label!r}: Pow needs a one-element exponent, got {list(c.shape)}")
+    v = im.env[ins[1]]
+    if not (isinstance(v, Known) and v.kind == "const" and v.value.size == 1):
+        return power(im, ins)  # a tensor exponent
+    c = np.asarray(v.value)
     x, c = im.tensor(ins[0]), float(c.reshape(()))
     if x.dtype == "i32":
         return _int_power(im, x, c)

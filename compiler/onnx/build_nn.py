@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.ops_nn import conv_out
+from .build_sample import resize_weights
 from .common import Known, as_ints
 
 
@@ -183,10 +184,16 @@ def pool_builder(kind):
         x = im.tensor(ins[0])
         op = "MaxPool" if kind == "max" else "AveragePool"
         nd = _spatial(im, x, op)
-        if len(im.node.output) > 1 and im.node.output[1]:
-            raise NotImplementedError(f"node {im.label!r}: MaxPool's Indices output")
+        indices = len(im.node.output) > 1 and bool(im.node.output[1])
         kernel = as_ints(at["kernel_shape"])
         ceil = bool(at.get("ceil_mode", 0))
+        if indices or x.dtype == "i32":
+            if nd == 3:
+                raise NotImplementedError(f"node {im.label!r}: a 3-D MaxPool of integers or with Indices")
+            s, d, p = _geometry(at, x, kernel, nd, op)
+            y, idx = _max_pool_by_taps(im, _to2d(im, x, nd), tuple(kernel) if nd == 2 else (1, kernel[0]), s, d, p,
+                                       ceil, int(at.get("storage_order", 0)), indices)
+            return [_from2d(im, y, nd)] + ([_from2d(im, idx, nd)] if indices else [])
         if kind == "avg" and (nd == 3 or any(d != 1 for d in as_ints(at.get("dilations", [1] * nd)))):
             return _avg_pool_by_sums(im, x, at, kernel, nd, ceil)
         if nd == 3:
@@ -201,6 +208,40 @@ def pool_builder(kind):
                                 count_include_pad=include)
         return _from2d(im, y, nd)
     return build
+
+
+def _max_pool_by_taps(im, x, kernel, s, d, p, ceil, storage_order, indices):
+    """(y, indices or None) of a 2-D max pool: the maximum over the window taps (strided
+    slices of x padded with its lowest value; exact for integers), and where indices are
+    wanted the flat input position of each window's first maximum (ONNX's row-major
+    order; storage_order 1: column-major within each image)."""
+    b = im.b
+    n, c, h, w = x.shape
+    ho, wo = (conv_out(h, kernel[0], s[0], p[0], p[2], d[0], ceil), conv_out(w, kernel[1], s[1], p[1], p[3], d[1], ceil))
+    size = [max(h + p[0] + p[2], (ho - 1) * s[0] + (kernel[0] - 1) * d[0] + 1),
+            max(w + p[1] + p[3], (wo - 1) * s[1] + (kernel[1] - 1) * d[1] + 1)]
+    xp = b.pad(x, starts=(0, 0, p[0], p[1]), steps=(1,) * 4, shape=(n, c, *size),
+               value=-(1 << 31) if x.dtype == "i32" else float("-inf"))
+    taps = [(i, j, b.slice(xp, starts=(0, 0, i * d[0], j * d[1]), steps=(1, 1, s[0] if ho > 1 else 1,
+                                                                          s[1] if wo > 1 else 1),
+                           shape=(n, c, ho, wo))) for i in range(kernel[0]) for j in range(kernel[1])]
+    if x.dtype == "f32":
+        y = b.max_pool2d(x, kernel=kernel, stride=s, padding=p, dilation=d, ceil_mode=ceil)
+    else:
+        y = taps[0][2]
+        for _, _, t in taps[1:]:
+            y = b.op("maximum", y, t)
+    if not indices:
+        return y, None
+    plane = np.arange(n * c).reshape(n, c, 1, 1) * (h * w)
+    idx = b.constant_ids(np.full((n, c, ho, wo), -1, np.int64))
+    for i, j, t in reversed(taps):  # the first tap that holds the maximum wins
+        rows, cols = np.arange(ho) * s[0] + i * d[0] - p[0], np.arange(wo) * s[1] + j * d[1] - p[1]
+        inside = ((rows >= 0) & (rows < h))[:, None] & ((cols >= 0) & (cols < w))[None, :]
+        flat = rows[:, None] * w + cols[None, :] if storage_order == 0 else rows[:, None] + cols[None, :] * h
+        hit = b.op("eq", t, y) * b.constant(inside.astype(np.float64))
+        idx = b.op("where", hit, b.constant_ids(plane + flat), idx)
+    return y, idx
 
 
 def _pool_geometry(at, x, kernel, nd, ceil, op):
@@ -376,10 +417,6 @@ def _b_resize(im, ins, at):
         if sizes is not None and np.asarray(sizes).size == 0:
             sizes = None
     mode = {"bilinear": "linear"}.get(mode, mode)
-    if transform not in _TRANSFORMS:
-        raise NotImplementedError(f"node {im.label!r}: Resize coordinate_transformation_mode {transform!r}")
-    if at.get("antialias", 0) or at.get("exclude_outside", 0):
-        raise NotImplementedError(f"node {im.label!r}: Resize with antialias or exclude_outside")
     axes = [a % rank for a in as_ints(at.get("axes", range(rank)))]
     full_scale, full_size = [1.0] * rank, list(x.shape)
     if sizes is not None:
@@ -401,6 +438,9 @@ def _b_resize(im, ins, at):
             full_scale[a] = sc[i]
             if sizes is None:
                 full_size[a] = int(np.floor(x.shape[a] * sc[i] + 1e-9))
+    if transform not in _TRANSFORMS or at.get("antialias", 0) or at.get("exclude_outside", 0):
+        roi = im.opt(ins, 1, "roi") if transform == "tf_crop_and_resize" else None
+        return _resize_by_axes(im, x, axes, full_scale, full_size, roi, at, mode, transform, nearest)
     moved = [a for a in range(rank) if full_size[a] != x.shape[a] or full_scale[a] != 1.0]
     if not moved:
         return x
@@ -419,6 +459,26 @@ def _b_resize(im, ins, at):
     y = im.b.resize(y, size=size, scales=given, mode=mode, transform=transform,
                     cubic_a=float(at.get("cubic_coeff_a", -0.75)), nearest_mode=nearest)
     return y if rank >= 2 else im.b.reshape(y, y.shape[1:])
+
+
+def _resize_by_axes(im, x, axes, scale, size, roi, at, mode, transform, nearest):
+    """Resize one axis at a time, each a matmul with the weights resize_weights gives (any
+    axes; antialias, exclude_outside, tf_crop_and_resize, half_pixel_symmetric)."""
+    b, rank = im.b, len(x.shape)
+    if mode == "nearest" and at.get("antialias", 0):
+        raise ValueError(f"node {im.label!r}: Resize antialias with mode 'nearest'")
+    for i, a in enumerate(axes):
+        r = (0.0, 1.0) if roi is None else tuple(float(v) for v in np.asarray(roi).reshape(-1)[[i, len(axes) + i]])
+        if size[a] == x.shape[a] and scale[a] == 1.0 and r == (0.0, 1.0):
+            continue
+        m, outside = resize_weights(x.shape[a], size[a], scale[a], mode, transform, r, float(at.get("cubic_coeff_a", -0.75)),
+                                    nearest, bool(at.get("antialias", 0)), bool(at.get("exclude_outside", 0)))
+        perm = [d for d in range(rank) if d != a] + [a]
+        y = b.matmul(b.transpose(x, perm) if a != rank - 1 else x, b.constant(m), trans_b=True)
+        if outside is not None:  # tf_crop_and_resize: outputs whose source lies outside the input
+            y = y + b.constant(float(at.get("extrapolation_value", 0.0)) * outside)
+        x = b.transpose(y, list(np.argsort(perm))) if a != rank - 1 else y
+    return x
 
 
 BUILD_NN = {

@@ -1,4 +1,7 @@
-"""Graph builders for sampling at computed positions: GridSample, AffineGrid, Col2Im.
+"""Graph builders for sampling at computed positions: GridSample, AffineGrid, Col2Im,
+DeformConv (GridSample's bilinear taps at offset kernel positions, then a matmul), RoiAlign
+(regions known at import: constant sample pixels and weights), and the per-axis weights of
+the Resize modes the IR's resize row lacks.
 
 GridSample reads the input as a table of rows (one per batch item and pixel, channels
 last) with `gather`, at ids computed from the grid in float arithmetic (exact below
@@ -116,8 +119,15 @@ def _b_grid_sample(im, ins, at):
         elif pad == "reflection":
             xa = _reflect(b, xa, lo, hi)
         per_axis.append(_axis_taps(b, xa, size, mode, pad, lo, hi))
-    strides = [int(np.prod(sizes[a + 1:])) for a in range(nd)]
     base = b.constant((np.arange(n) * int(np.prod(sizes))).reshape((n,) + (1,) * len(out)).astype(np.float64))
+    y = _sum_of_taps(b, table, base, per_axis, sizes, rows)
+    return b.transpose(y, (0, nd + 1) + tuple(range(1, nd + 1)))
+
+
+def _sum_of_taps(b, table, base, per_axis, sizes, rows):
+    """[*positions, C]: the table's rows at every combination of the axes' taps, weighted and
+    summed; invalid taps read row `rows` (zeros)."""
+    strides = [int(np.prod(sizes[a + 1:])) for a in range(len(sizes))]
     y = None
     for combo in itertools.product(*per_axis):
         ids, w, valid = base, None, None
@@ -127,10 +137,10 @@ def _b_grid_sample(im, ins, at):
             valid = va if valid is None else (valid if va is None else valid * va)
         if valid is not None:
             ids = b.op("where", valid, ids, float(rows))
-        v = b.gather(table, b.op("cast", ids, to="i32"))  # [N, *out, C]
+        v = b.gather(table, b.op("cast", ids, to="i32"))
         term = v if w is None else v * b.reshape(w, w.shape + (1,))
         y = term if y is None else y + term
-    return b.transpose(y, (0, nd + 1) + tuple(range(1, nd + 1)))
+    return y
 
 
 def _b_affine_grid(im, ins, at):
@@ -174,9 +184,187 @@ def _b_col2im(im, ins, at):
     return b.slice(total, starts=(0, 0) + tuple(pads[:nd]), steps=(1,) * (nd + 2), shape=(n, c) + tuple(image))
 
 
+def _b_deform_conv(im, ins, at):
+    """Each kernel tap of each offset group sampled bilinearly (zeros outside) at its
+    offset position, times the mask, then a grouped matmul with the weights."""
+    b, x, w = im.b, im.tensor(ins[0]), im.tensor(ins[1])
+    if len(x.shape) != 4:
+        raise NotImplementedError(f"node {im.label!r}: DeformConv over {len(x.shape) - 2} spatial dimensions (only 2-D)")
+    n, c, h, wd = x.shape
+    oc, cg, kh, kw = w.shape
+    k, groups, og = kh * kw, int(at.get("group", 1)), int(at.get("offset_group", 1))
+    s, d = as_ints(at.get("strides", [1, 1])), as_ints(at.get("dilations", [1, 1]))
+    p = as_ints(at.get("pads", [0, 0, 0, 0]))
+    off = im.tensor(ins[2])
+    oh, ow = off.shape[2:]
+    if (h * wd + 1) * n >= EXACT_IDS:
+        raise NotImplementedError(f"node {im.label!r}: DeformConv of {n * h * wd} pixels (at most 2^24)")
+    off = b.reshape(off, (n, og, k, 2, oh, ow))
+    mask = b.reshape(im.tensor(ins[4]), (n, og, k, oh, ow)) if len(ins) > 4 and ins[4] else None
+    grid = [np.arange(oh)[:, None] * s[0] - p[0] + (np.arange(k) // kw * d[0])[:, None, None],
+            np.arange(ow)[None, :] * s[1] - p[1] + (np.arange(k) % kw * d[1])[:, None, None]]  # [K, oh, ow]
+    cpg = c // og
+    base = b.constant((np.arange(n) * h * wd).reshape(n, 1, 1, 1).astype(np.float64))
+    cols = []
+    for g in range(og):
+        part = b.slice(x, starts=(0, g * cpg, 0, 0), steps=(1,) * 4, shape=(n, cpg, h, wd)) if og > 1 else x
+        table = b.pad(b.reshape(b.transpose(part, (0, 2, 3, 1)), (n * h * wd, cpg)), starts=(0, 0), steps=(1, 1),
+                      shape=(n * h * wd + 1, cpg), value=0.0)
+        per_axis = []
+        for a, size in enumerate((h, wd)):
+            shift = b.reshape(b.slice(off, starts=(0, g, 0, a, 0, 0), steps=(1,) * 6, shape=(n, 1, k, 1, oh, ow)),
+                              (n, k, oh, ow))
+            per_axis.append(_axis_taps(b, shift + b.constant(grid[a].astype(np.float64)), size, "linear", "zeros",
+                                       0.0, size - 1.0))
+        v = _sum_of_taps(b, table, base, per_axis, (h, wd), n * h * wd)  # [N, K, oh, ow, cpg]
+        if mask is not None:
+            m = b.slice(mask, starts=(0, g, 0, 0, 0), steps=(1,) * 5, shape=(n, 1, k, oh, ow))
+            v = v * b.reshape(m, (n, k, oh, ow, 1))
+        cols.append(v)
+    cols = cols[0] if og == 1 else b.concat(*cols, axis=4)  # [N, K, oh, ow, C]
+    cols = b.transpose(cols, (0, 2, 3, 4, 1))  # [N, oh, ow, C, K]
+    outs = []
+    for gi in range(groups):
+        cg_cols = cols if groups == 1 else b.slice(cols, starts=(0, 0, 0, gi * cg, 0), steps=(1,) * 5,
+                                                   shape=(n, oh, ow, cg, k))
+        wg = w if groups == 1 else b.slice(w, starts=(gi * (oc // groups), 0, 0, 0), steps=(1,) * 4,
+                                           shape=(oc // groups, cg, kh, kw))
+        outs.append(b.matmul(b.reshape(cg_cols, (n * oh * ow, cg * k)), b.reshape(wg, (wg.shape[0], cg * k)),
+                             trans_b=True))
+    y = outs[0] if groups == 1 else b.concat(*outs, axis=1)
+    y = b.transpose(b.reshape(y, (n, oh, ow, oc)), (0, 3, 1, 2))
+    if len(ins) > 3 and ins[3]:
+        y = y + b.reshape(im.tensor(ins[3]), (oc, 1, 1))
+    return y
+
+
+def _roi_samples(box, h, w, oh, ow, ratio):
+    """(pixel ids [bins, S, 4], weights [bins, S, 4]) of one region's bilinear samples (S per
+    bin; outside the map: weight 0), as the ONNX reference places them."""
+    y0, x0, rh, rw = box
+    gh = ratio or int(np.ceil(rh / oh))
+    gw = ratio or int(np.ceil(rw / ow))
+    ids, wts = np.zeros((oh * ow, gh * gw, 4), np.int64), np.zeros((oh * ow, gh * gw, 4))
+    for bi, (ph, pw) in enumerate(itertools.product(range(oh), range(ow))):
+        for si, (iy, ix) in enumerate(itertools.product(range(gh), range(gw))):
+            y = y0 + ph * rh / oh + (iy + 0.5) * rh / oh / gh
+            x = x0 + pw * rw / ow + (ix + 0.5) * rw / ow / gw
+            if y < -1.0 or y > h or x < -1.0 or x > w:
+                continue
+            y, x = max(y, 0.0), max(x, 0.0)
+            yl, xl = min(int(y), h - 1), min(int(x), w - 1)
+            yh, xh = min(yl + 1, h - 1), min(xl + 1, w - 1)
+            ly, lx = (y - yl if yl < h - 1 else 0.0), (x - xl if xl < w - 1 else 0.0)
+            ids[bi, si] = [yl * w + xl, yl * w + xh, yh * w + xl, yh * w + xh]
+            wts[bi, si] = [(1 - ly) * (1 - lx), (1 - ly) * lx, ly * (1 - lx), ly * lx]
+    return ids, wts
+
+
+def _b_roi_align(im, ins, at):
+    """Average (or max) of bilinear samples in each bin of each region: the regions are
+    known at import, so the sample pixels and weights are constants; the pixels are read
+    with a gather of [N * H * W, C] rows."""
+    b, x = im.b, im.tensor(ins[0])
+    rois = np.asarray(im.known(ins[1], "the regions (rois)"), np.float64).reshape(-1, 4)
+    batch = np.asarray(im.known(ins[2], "batch_indices")).astype(np.int64).reshape(-1)
+    n, c, h, w = x.shape
+    oh, ow = int(at.get("output_height", 1)), int(at.get("output_width", 1))
+    ratio, scale = int(at.get("sampling_ratio", 0)), float(at.get("spatial_scale", 1.0))
+    half = at.get("coordinate_transformation_mode", "half_pixel") == "half_pixel"
+    mode = at.get("mode", "avg")
+    per_roi = []
+    for r, (x1, y1, x2, y2) in enumerate(rois * scale - (0.5 if half else 0.0)):
+        rh, rw = (y2 - y1, x2 - x1) if half else (max(y2 - y1, 1.0), max(x2 - x1, 1.0))
+        ids, wts = _roi_samples((y1, x1, rh, rw), h, w, oh, ow, ratio)
+        per_roi.append((ids + batch[r] * h * w, wts if mode == "max" else wts / max(ids.shape[1], 1)))
+    most = max(ids.shape[1] for ids, _ in per_roi)
+    # fewer samples: padded with copies of the first (max) or zero weights (avg)
+    pad = [(np.concatenate([i] + [i[:, :1]] * (most - i.shape[1]), 1),
+            np.concatenate([wt] + [wt[:, :1] * (mode == "max")] * (most - wt.shape[1]), 1)) for i, wt in per_roi]
+    table = b.reshape(b.transpose(x, (0, 2, 3, 1)), (n * h * w, c))
+    v = b.gather(table, b.constant_ids(np.stack([i for i, _ in pad])))  # [R, bins, S, 4, C]
+    v = v * b.constant(np.stack([wt for _, wt in pad])[..., None])
+    y = b.sum(v, [2, 3]) if mode == "avg" else b.max(b.max(v, [3]), [2])  # [R, bins, C]
+    return b.transpose(b.reshape(y, (len(rois), oh, ow, c)), (0, 3, 1, 2))
+
+
+# ----------------------------------------------------------- resize weights
+def _source_coords(transform, n_in, n_out, scale, roi):
+    """ONNX Resize's source coordinate of each output position along one axis, and (for
+    tf_crop_and_resize) which of them fall outside the input."""
+    o = np.arange(n_out, dtype=np.float64)
+    width = scale * n_in  # the unrounded output length
+    if transform == "align_corners":
+        return (np.zeros(n_out) if width == 1 else o * (n_in - 1) / (width - 1)), None
+    if transform == "asymmetric":
+        return o / scale, None
+    if transform == "tf_crop_and_resize":
+        lo, hi = roi
+        src = np.full(n_out, (hi - lo) * (n_in - 1) / 2) if width == 1 else o * (hi - lo) * (n_in - 1) / (width - 1)
+        src = src + lo * (n_in - 1)
+        return src, (src < 0) | (src > n_in - 1)
+    if transform == "pytorch_half_pixel":
+        return (np.full(n_out, -0.5) if width == 1 else (o + 0.5) / scale - 0.5), None
+    if transform == "half_pixel":
+        return (o + 0.5) / scale - 0.5, None
+    if transform == "half_pixel_symmetric":  # the crop's centre kept at the output's centre
+        return n_in / 2 * (1 - n_out / width) + (o + 0.5) / scale - 0.5, None
+    raise NotImplementedError(f"Resize coordinate_transformation_mode {transform!r}")
+
+
+def _tap_weights(mode, ratio, scale, a, antialias, nearest_mode):
+    """The weights of the taps around a source coordinate at `ratio` in (0, 1] past a pixel."""
+    if mode == "nearest":
+        if ratio == 1:
+            return np.array([0.0, 1.0])
+        up = {"round_prefer_floor": ratio > 0.5, "round_prefer_ceil": ratio >= 0.5, "floor": False,
+              "ceil": True}[nearest_mode]
+        return np.array([0.0, 1.0]) if up else np.array([1.0, 0.0])
+    sc = min(scale, 1.0) if antialias else 1.0  # antialias stretches the kernel when downsampling
+    if mode == "linear":
+        start = int(np.floor(-1 / sc) + 1)
+        w = np.clip(1 - np.abs((np.arange(start, 2 - start) - ratio) * sc), 0, 1)
+    else:
+        start = int(np.floor(-2 / sc) + 1)
+        t = np.abs((np.arange(start, 2 - start) - ratio) * sc)
+        w = np.where(t <= 1, ((a + 2) * t - (a + 3)) * t * t + 1,
+                     np.where(t < 2, ((a * t - 5 * a) * t + 8 * a) * t - 4 * a, 0.0))
+    return w / w.sum() if antialias else w
+
+
+def resize_weights(n_in, n_out, scale, mode, transform, roi=(0.0, 1.0), cubic_a=-0.75,
+                   nearest_mode="round_prefer_floor", antialias=False, exclude_outside=False):
+    """([n_out, n_in] weights, [n_out] mask of outputs that take the extrapolation value or
+    None) of ONNX Resize along one axis, as its reference computes them: the taps nearest
+    the source coordinate, edge-clamped (or with exclude_outside dropped and the rest
+    renormalised)."""
+    src, outside = _source_coords(transform, n_in, n_out, float(scale), roi)
+    m = np.zeros((n_out, n_in))
+    for o, x in enumerate(src):
+        base = int(np.floor(x))
+        w = _tap_weights(mode, 1.0 if x == base else x - base, float(scale), cubic_a, antialias, nearest_mode)
+        k = len(w)
+        pad = -(-k // 2)
+        frac = x + pad - np.floor(x + pad)
+        if k % 2 == 0:
+            first = int(np.floor(x + pad)) + (-(k // 2) if frac == 0 else -(k // 2) + 1) - pad
+        else:
+            first = int(np.floor(x + pad)) + (-((k - 1) // 2) + (0 if frac <= 0.5 else 1)) - pad
+        taps = first + np.arange(k)
+        if exclude_outside:
+            w = np.where((taps < 0) | (taps >= n_in), 0.0, w)
+            w = w / (w.sum() or 1.0)
+        np.add.at(m[o], np.clip(taps, 0, n_in - 1), w)
+    if outside is not None:
+        m[outside] = 0.0
+    return m, outside if outside is not None and outside.any() else None
+
+
 BUILD_SAMPLE = {
     "GridSample": _b_grid_sample,
     "AffineGrid": _b_affine_grid,
     "Col2Im": _b_col2im,
+    "DeformConv": _b_deform_conv,
+    "RoiAlign": _b_roi_align,
 }
-PARAM_INPUTS_SAMPLE = {"AffineGrid": (1,), "Col2Im": (1, 2)}
+PARAM_INPUTS_SAMPLE = {"AffineGrid": (1,), "Col2Im": (1, 2), "RoiAlign": (1, 2)}

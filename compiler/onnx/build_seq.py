@@ -12,6 +12,7 @@ A compiled program has fixed shapes, so everything here is unrolled at import ti
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -151,13 +152,13 @@ def _project(im, s, w_name, r_name, b_name):
     b, h, dirs = im.b, s.hidden, len(s.dirs)
     gh = _GATES[s.kind] * h
     steps, bs, size = s.x.shape
-    w = b.reshape(im.tensor(w_name), (dirs * gh, size))
+    w = b.reshape(_weight(im, s, w_name, ("weight_ih",)), (dirs * gh, size))
     xw = b.matmul(b.reshape(s.x, (steps * bs, size)), w, trans_b=True)
-    r = im.tensor(r_name)
+    r = _weight(im, s, r_name, ("weight_hh",))
     s.rec = [b.reshape(_take(b, r, 0, d), (gh, h)) for d in range(dirs)]
     s.rbias = [None] * dirs
     if b_name:
-        bias = im.tensor(b_name)  # [D, 2 * G * H]: W's biases, then R's
+        bias = _weight(im, s, b_name, ("bias_ih", "bias_hh"))  # [D, 2 * G * H]: W's biases, then R's
         wb, rb = _take(b, bias, 1, 0, gh), _take(b, bias, 1, gh, gh)
         lbr = s.kind == "GRU" and int(s.at.get("linear_before_reset", 0))
         if lbr:  # R_bh is added inside r * (h @ R_h.T + R_bh): only R_bz, R_br add here
@@ -167,6 +168,52 @@ def _project(im, s, w_name, r_name, b_name):
             rb = b.pad(rb, starts=(0, 0), steps=(1, 1), shape=(dirs, gh), value=0.0)
         xw = xw + b.reshape(wb + rb, (dirs * gh,))
     s.xw = b.reshape(xw, (steps, bs, dirs * gh))
+
+
+# ONNX's gate k is torch's gate _TORCH_GATES[kind][k]: LSTM (i, f, g, o) -> (i, o, f, c), GRU (r, z, n) -> (z, r, h)
+_TORCH_GATES = {"LSTM": (0, 3, 1, 2), "GRU": (1, 0, 2), "RNN": (0,)}
+_TORCH_NAME = re.compile(r"\.(weight_ih|weight_hh|bias_ih|bias_hh)_l\d+(_reverse)?$")
+
+
+def _weight(im, s, name, roles):
+    """A recurrent layer's W, R ([D, G * H, n]) or B ([D, 2 * G * H]). Where the dynamo exporter
+    folded it from torch's parameters (`weight_ih_l0`, ...), it is built from those, in torch's
+    layout and gate order and under torch's names, so that they train and save as torch's do."""
+    found = getattr(im, "rnn_sources", {}).get(name)
+    parts = _torch_parts(found[1], roles, s.dirs) if found else None
+    value = im.known(name) if parts else None
+    gh = _GATES[s.kind] * s.hidden
+    if parts is None or value.shape[0] != len(s.dirs) or value[0].size % (len(roles) * gh):
+        return im.tensor(name)
+    b, h, order = im.b, s.hidden, _TORCH_GATES[s.kind]
+    rows = []
+    for d, names in enumerate(parts):
+        blocks = value[d].reshape((len(roles), gh) + value.shape[2:])
+        pieces = []
+        for pname, block in zip(names, blocks):
+            torch_value = np.empty_like(block)
+            for k, t in enumerate(order):
+                torch_value[t * h:(t + 1) * h] = block[k * h:(k + 1) * h]
+            im.env.setdefault(f"{pname}#torch", Known(torch_value, pname, "param"))
+            p = im.tensor(f"{pname}#torch")
+            pieces += [_take(b, p, 0, t * h, h) for t in order]
+        rows.append(b.reshape(b.concat(*pieces, axis=0), (1,) + value.shape[1:]))
+    return b.concat(*rows, axis=0) if len(rows) > 1 else rows[0]
+
+
+def _torch_parts(sources, roles, dirs):
+    """Per direction, the torch parameter of each role (forward: `_l0`, reverse: `_l0_reverse`),
+    or None unless each is there exactly once."""
+    found = {}
+    for src in sources:
+        m = _TORCH_NAME.search(src)
+        if m is None or (m.group(1), bool(m.group(2))) in found:
+            return None
+        found[(m.group(1), bool(m.group(2)))] = src
+    parts = [[found.get((r, d == "reverse")) for r in roles] for d in dirs]
+    if any(None in p for p in parts) or sum(map(len, parts)) != len(found):
+        return None
+    return parts
 
 
 def _gate(b, t, k, h):
@@ -446,6 +493,7 @@ BUILD_SEQ = {
     "NonMaxSuppression": _data_dependent("NonMaxSuppression", "the number of boxes it keeps depends on the scores"),
 }
 
-# inputs read as constants (their values, not tensors); control flow passes any dtype through
+# inputs read as constants (their values, not tensors); control flow passes any dtype through, and
+# the data-dependent ops refuse any dtype with their own reason
 SEQ_PARAM_INPUTS = {"RNN": (4,), "GRU": (4,), "LSTM": (4,), "Loop": (0, 1), "If": (0,), "Range": (0, 1, 2)}
-SEQ_INT_OK = frozenset({"Loop", "Scan", "If"})
+SEQ_INT_OK = frozenset({"Loop", "Scan", "If", "NonZero", "Unique", "NonMaxSuppression"})

@@ -1,5 +1,5 @@
 """Graph builders that move data: reshapes, transposes, Gather, Slice, Pad, Concat,
-Split, Where, Expand, Tile, DepthToSpace / SpaceToDepth."""
+Split, Where, Expand, Tile, DepthToSpace / SpaceToDepth, Compress, ReverseSequence."""
 from __future__ import annotations
 
 import numpy as np
@@ -83,8 +83,14 @@ def _b_gather(im, ins, at):
         ids = im.tensor(ins[1])
         if ids.dtype != "i32":
             raise NotImplementedError(f"node {im.label!r}: Gather indices must be integers")
+    return gather_axis(b, x, axis, ids)
+
+
+def gather_axis(b, x, axis, ids):
+    """x indexed along `axis` by the i32 tensor ids: the axis replaced by ids' axes."""
     if axis == 0:
         return b.gather(x, ids)
+    rank = len(x.shape)
     perm = [axis] + [a for a in range(rank) if a != axis]
     y = b.gather(b.transpose(x, perm), ids)  # idx dims, then the other axes in order
     k = len(ids.shape)
@@ -118,8 +124,8 @@ def _b_pad(im, ins, at):
     x = im.tensor(ins[0])
     rank = len(x.shape)
     mode = at.get("mode", "constant")
-    if mode != "constant":
-        raise NotImplementedError(f"node {im.label!r}: Pad mode {mode!r} (only constant)")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise NotImplementedError(f"node {im.label!r}: Pad mode {mode!r}")
     pads = as_ints(im.known(ins[1], "pads") if len(ins) > 1 else at["pads"])
     value = im.opt(ins, 2, "constant_value")
     value = float(np.asarray(value).reshape(-1)[0]) if value is not None and np.asarray(value).size else float(
@@ -135,8 +141,20 @@ def _b_pad(im, ins, at):
     lo, hi = [max(v, 0) for v in lo], [max(v, 0) for v in hi]
     if not any(lo) and not any(hi):
         return x
+    if mode != "constant":
+        return _pad_by_copies(im, x, lo, hi, mode)
     shape = tuple(d + p + q for d, p, q in zip(x.shape, lo, hi))
-    return im.b.pad(x, starts=tuple(lo), steps=(1,) * rank, shape=shape, value=value)
+    return im.b.pad(x, starts=tuple(lo), steps=(1,) * rank, shape=shape, value=int(value) if x.dtype == "i32" else value)
+
+
+def _pad_by_copies(im, x, lo, hi, mode):
+    """reflect / edge / wrap padding: each padded axis read back at the source positions
+    numpy.pad gives (a gather of constant ids; its gradient sums into the sources)."""
+    for a, (p, q) in enumerate(zip(lo, hi)):
+        if p or q:
+            ids = np.pad(np.arange(x.shape[a]), (p, q), mode=mode)
+            x = gather_axis(im.b, x, a, im.b.constant_ids(ids))
+    return x
 
 
 def _b_concat(im, ins, at):
@@ -216,6 +234,47 @@ def _b_space_to_depth(im, ins, at):
     return b.reshape(y, (n, c * k * k, h // k, w // k))
 
 
+def _b_compress(im, ins, at):
+    """The slices where a condition known at import holds: a gather of constant ids (the
+    output's length depends on the condition, which must therefore be known)."""
+    x = im.tensor(ins[0])
+    cond = np.asarray(im.known(ins[1], "the condition (the output's length depends on it)")).reshape(-1)
+    if "axis" not in at:
+        x, axis = im.b.reshape(x, (int(np.prod(x.shape)),)), 0
+    else:
+        axis = int(at["axis"]) % len(x.shape)
+    ids = np.flatnonzero(cond)
+    if ids.size and ids[-1] >= x.shape[axis]:
+        raise ValueError(f"node {im.label!r}: Compress condition of {cond.size} on an axis of {x.shape[axis]}")
+    if ids.size == 0:
+        return _empty(im, x.shape[:axis] + (0,) + x.shape[axis + 1:])
+    return gather_axis(im.b, x, axis, im.b.constant_ids(ids))
+
+
+def _b_reverse_sequence(im, ins, at):
+    """Each batch item's first sequence_lens[i] time steps reversed: x viewed as
+    [batch * time, ...] rows, gathered at constant ids (lengths known) or at ids computed in
+    i32 from the lengths tensor."""
+    b, x = im.b, im.tensor(ins[0])
+    rank = len(x.shape)
+    ba, ta = int(at.get("batch_axis", 1)) % rank, int(at.get("time_axis", 0)) % rank
+    perm = [ba, ta] + [a for a in range(rank) if a not in (ba, ta)]
+    nb, nt = x.shape[ba], x.shape[ta]
+    rows = b.reshape(b.transpose(x, perm), (nb * nt,) + tuple(x.shape[a] for a in perm[2:]))
+    t = np.arange(nt)[None, :]
+    lv = im.env[ins[1]]
+    if isinstance(lv, Known):
+        lens = np.asarray(lv.value).astype(np.int64).reshape(nb, 1)
+        ids = b.constant_ids(np.arange(nb)[:, None] * nt + np.where(t < lens, lens - 1 - t, t))
+    else:
+        lens = b.reshape(im.tensor(ins[1]), (nb, 1))
+        tc = b.constant_ids(t)
+        ids = b.op("where", b.op("greater", lens, tc), lens - b.const(1, "i32") - tc, tc)
+        ids = ids + b.constant_ids(np.arange(nb)[:, None] * nt)
+    y = b.reshape(b.gather(rows, ids), tuple(x.shape[a] for a in perm))
+    return b.transpose(y, list(np.argsort(perm)))
+
+
 BUILD_TENSOR = {
     "Identity": lambda im, ins, at: im.env[ins[0]],
     "Dropout": _b_dropout,
@@ -234,6 +293,8 @@ BUILD_TENSOR = {
     "Tile": _b_tile,
     "DepthToSpace": _b_depth_to_space,
     "SpaceToDepth": _b_space_to_depth,
+    "Compress": _b_compress,
+    "ReverseSequence": _b_reverse_sequence,
 }
 
 # ops that may read integer tensors (the others raise NotImplementedError on them)
@@ -243,10 +304,12 @@ INT_OK = frozenset({"Identity", "Dropout", "Reshape", "Flatten", "Transpose", "U
                     "Concat", "Pad", "Where", "Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Sum", "Neg", "Abs",
                     "Sign", "Relu", "Clip", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not",
                     "And", "Or", "Xor", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot",
-                    "ArgMax", "ArgMin", "TopK", "ReduceSum", "ReduceMax", "ReduceMin", "Pow"})
+                    "ArgMax", "ArgMin", "TopK", "ReduceSum", "ReduceMax", "ReduceMin", "Pow", "MaxPool",
+                    "Compress", "ReverseSequence"})
 
 # inputs that ops read as constants (shapes, axes, bounds): integer tensors there are
 # not computed on; the builder asks for their value (and says it must be known)
 PARAM_INPUTS = {"Resize": (1, 2, 3), "Upsample": (1,), "Reshape": (1,), "Expand": (1,), "Tile": (1,),
                 "Pad": (1, 2, 3), "Slice": (1, 2, 3, 4), "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,),
-                "Reduce": (1,), "Clip": (1, 2), "Dropout": (1, 2), "Pow": (1,), "CenterCropPad": (1,)}
+                "Reduce": (1,), "Clip": (1, 2), "Dropout": (1, 2), "Pow": (1,), "CenterCropPad": (1,),
+                "Compress": (1,), "ReverseSequence": (1,)}

@@ -18,7 +18,19 @@ DOUBLE_TYPE = 11
 # boundary: ONNX type -> the name the package records (numpy's, and bfloat16)
 SOURCE_DTYPES = {10: "float16", 16: "bfloat16", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 7: "int64",
                  9: "bool", 12: "uint32", 13: "uint64"}
+# narrow types, computed as f32 (float8, float4, e8m0) and i32 (4- and 2-bit integers), by ml_dtypes' names
+NARROW_FLOAT_TYPES = {17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2", 20: "float8_e5m2fnuz",
+                      23: "float4_e2m1fn", 24: "float8_e8m0fnu"}
+NARROW_INT_TYPES = {21: "uint4", 22: "int4", 25: "uint2", 26: "int2"}
+SOURCE_DTYPES.update({**NARROW_FLOAT_TYPES, **NARROW_INT_TYPES})
 I32_RANGE = (-(1 << 31), (1 << 31) - 1)
+
+
+def type_only(graph, name: str) -> bool:
+    """Is value `name` read only for its element type (as CastLike's `like`), or not at all? Then
+    an empty one carries all it needs when it is a constant."""
+    uses = [(n.op_type, list(n.input).index(name)) for n in graph.node if name in n.input]
+    return all(u == ("CastLike", 1) for u in uses)
 
 
 def refuse_double(what: str):

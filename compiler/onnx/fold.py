@@ -112,7 +112,7 @@ FOLD = {
     "ConstantOfShape": _cof,
     "EyeLike": lambda im, xs, at: np.eye(*xs[0].shape, k=int(at.get("k", 0)),
                                          dtype=np_dtype(at["dtype"]) if "dtype" in at else xs[0].dtype),
-    "Range": lambda im, xs, at: np.arange(xs[0], xs[1], xs[2]).astype(xs[0].dtype),
+    "Range": lambda im, xs, at: np.arange(*(np.asarray(v).reshape(-1)[0] for v in xs[:3])).astype(xs[0].dtype),
     "Expand": lambda im, xs, at: np.broadcast_to(
         xs[0], np.broadcast_shapes(xs[0].shape, tuple(int(d) for d in xs[1]))).copy(),
     "Where": lambda im, xs, at: np.where(xs[0], xs[1], xs[2]),

@@ -20,6 +20,9 @@ The dynamo exporter records where it came from: W is imported under its PyTorch 
 and the MatMul becomes matmul(trans_b). The TorchScript exporter does not: its
 `onnx::MatMul_N` stays a trainable weight under that name unless the model is exported
 with `do_constant_folding=False`, which keeps Transpose(W) (imported as trans_b too).
+Exporters also merge equal tensors into one initializer: initializers.py gives each read
+back the parameter the source model has (a tied LM head stays one), and the LSTM / GRU
+weights the dynamo exporter folds become torch's own parameters (build_seq.py).
 
 Booleans computed in the graph (Equal, Less, Not, ...) are float tensors holding 0 or 1
 ("masks"); integers of every width are i32 tensors (constants beyond 32 bits are refused
@@ -36,7 +39,9 @@ import numpy as np
 
 from ..ir.builder import Builder, Model, Tensor
 from .common import (BOOL_TYPE, DOUBLE_TYPE, FLOAT_TYPES, FOLDED_FROM_KEY, INT_TYPES, INPUT_KIND_KEY, SOURCE_DTYPES,
+                     NARROW_FLOAT_TYPES, NARROW_INT_TYPES, type_only,
                      Known, as_i32, is_scalar, node_attrs, parse_names, refuse_double)
+from .initializers import plan_sharing, recurrent_sources
 
 
 def load_onnx(source, batch_size: int | None = None) -> Model:
@@ -98,6 +103,10 @@ class _Importer:
                 origin = [kinds.get(init.name)] + sources
                 kind = "param" if "PARAMETER" in origin else "buffer" if "BUFFER" in origin else "const"
             self.env[init.name] = Known(value, init.name, kind)
+        # which parameter each read of a weight is: exporters merge equal tensors (initializers.py)
+        self.sharing = plan_sharing(g, self.env, meta, bool(kinds))
+        # recurrent weights folded from torch's parameters: built from them (build_seq.py)
+        self.rnn_sources = recurrent_sources(g, meta) if kinds else {}
 
     # ------------------------------------------------------------------ driver
     def run(self) -> Model:
@@ -111,6 +120,7 @@ class _Importer:
             self.b.output(vi.name, self._output(vi))
         model = self.b.build()
         model.param_users = {name: tuple(nodes) for name, nodes in self.users.items()}
+        model.initializer_notes = tuple(self.sharing.notes)
         return model
 
     def _output(self, vi) -> Tensor:
@@ -121,7 +131,8 @@ class _Importer:
         if elem in SOURCE_DTYPES:
             self.b.g.io_dtypes[("output", vi.name)] = SOURCE_DTYPES[elem]
         t = self.mask_of(vi.name) if elem == BOOL_TYPE else self.tensor(vi.name)
-        want = "f32" if elem in FLOAT_TYPES or elem == BOOL_TYPE else "i32" if elem in INT_TYPES else t.dtype
+        want = ("f32" if elem in FLOAT_TYPES or elem in NARROW_FLOAT_TYPES or elem == BOOL_TYPE else
+                "i32" if elem in INT_TYPES or elem in NARROW_INT_TYPES else t.dtype)
         if t.dtype != want:
             return self.b.op("cast", t, to=want)
         # a scalar constant (a folded Size) has no buffer: an output is computed into one
@@ -133,14 +144,17 @@ class _Importer:
             raise NotImplementedError(f"graph input {vi.name!r} is not a tensor with a shape")
         if tt.elem_type == DOUBLE_TYPE:
             raise refuse_double(f"graph input {vi.name!r}")
-        if tt.elem_type in FLOAT_TYPES:
+        if tt.elem_type in FLOAT_TYPES or tt.elem_type in NARROW_FLOAT_TYPES:
             dtype = "f32"
-        elif tt.elem_type in INT_TYPES:
+        elif tt.elem_type in INT_TYPES or tt.elem_type in NARROW_INT_TYPES:
             dtype = "i32"
         else:
             raise NotImplementedError(f"graph input {vi.name!r} has ONNX element type {tt.elem_type}")
         shape = []
         for axis, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value == 0 and type_only(self.proto.graph, vi.name):
+                raise NotImplementedError(f"graph input {vi.name!r} is empty, read only for its element type (if at all): "
+                                          f"that input ('{vi.name}') must be a constant")
             if d.HasField("dim_value") and d.dim_value == 0:
                 raise NotImplementedError(f"graph input {vi.name!r} is empty (dimension {axis} is 0)")
             static = d.HasField("dim_value") and d.dim_value > 0
@@ -169,20 +183,23 @@ class _Importer:
 
         op, label = node.op_type, node.name or (node.output[0] if node.output else "?")
         self.label, self.node = label, node
-        if node.domain not in ("", "ai.onnx"):
-            raise NotImplementedError(f"ONNX op {node.domain}::{op} (node {label!r}) is not supported; "
+        if node.domain not in ("", "ai.onnx"):  # other domains' ops are BUILD's "domain::op" keys
+            op = f"{node.domain}::{op}"
+        if op not in BUILD and "::" in op:
+            raise NotImplementedError(f"ONNX op {op} (node {label!r}) is not supported; "
                                       f"supported ops: {', '.join(supported_ops())}")
         for name in node.input:
             if name not in self.env:
                 raise ValueError(f"node {label!r} ({op}) reads {name!r}, which nothing produced before it")
         at = node_attrs(node)
-        ins = [self.env[n] for n in node.input]
+        inputs = self.sharing.inputs(node, self.env)  # a merged weight's read as its own parameter
+        ins = [self.env[n] for n in inputs]
         for v in ins:
             if isinstance(v, Known) and v.kind == "param":
                 self.users.setdefault(v.name, []).append(label)
         foldable = all(v is None or (isinstance(v, Known) and v.kind == "const") for v in ins)
         if op in ("Shape", "Size", "EyeLike"):  # only the input's shape matters
-            s = self.known(node.input[0]).shape if isinstance(ins[0], Known) else ins[0].shape
+            s = self.known(inputs[0]).shape if isinstance(ins[0], Known) else ins[0].shape
             if op == "EyeLike":
                 outs = FOLD[op](self, [np.zeros(s, np.float32 if ins[0].dtype == "f32" else np.int64)
                                        if isinstance(ins[0], Tensor) else ins[0].value], at)
@@ -204,7 +221,7 @@ class _Importer:
                                         for i, v in enumerate(ins)):
                 raise NotImplementedError(f"ONNX op {op} (node {label!r}) on an integer tensor is not "
                                           "supported (cast it to float)")
-            outs = BUILD[op](self, list(node.input), at)
+            outs = BUILD[op](self, inputs, at)
         else:
             if op in FOLD:
                 raise NotImplementedError(f"ONNX op {op} (node {label!r}) is supported only on "
@@ -228,8 +245,10 @@ class _Importer:
             return v
         if v.tensor is None:
             arr = v.value
-            if arr.dtype.name == "bfloat16":  # (ml_dtypes' type: computed in f32)
-                arr = arr.astype(np.float32)
+            if arr.dtype.name == "bfloat16" or arr.dtype.name in NARROW_FLOAT_TYPES.values():  # (ml_dtypes' types)
+                arr = arr.astype(np.float32)  # computed in f32
+            elif arr.dtype.name in NARROW_INT_TYPES.values():
+                arr = arr.astype(np.int32)
             if v.kind == "const" and arr.dtype == np.bool_:
                 v.tensor = self.b.const(float(arr)) if arr.ndim == 0 else self.b.constant(arr.astype(np.float64))
                 self.masks.add(v.tensor.id)
@@ -245,17 +264,43 @@ class _Importer:
                 v.tensor = self.b.const(float(arr))
             else:
                 pname = v.name if v.kind != "const" or v.name in self.inits else f"const.{v.name}"
-                v.tensor = self.b.param(pname, arr.astype(np.float32), frozen=v.kind != "param")
+                v.tensor = self._param(pname, arr.astype(np.float32), v.kind != "param")
                 if v.transposed:  # MatMul turns this into trans_b
                     v.tensor = self.b.transpose(v.tensor, (1, 0))
         return v.tensor
+
+    def _param(self, name, value, frozen) -> Tensor:
+        """Parameter `name`: the one declared already when it holds the same values (a weight
+        the source model ties, read once as W and once as a folded W.T), else a new one."""
+        i = self.b.g.named.get(("param", name))
+        if i is None:
+            return self.b.param(name, value, frozen=frozen)
+        if np.array_equal(self.b.g.values[name], value):
+            return Tensor(self.b, i)
+        raise ValueError(f"the source model holds two different tensors named {name!r}")
 
     def known(self, name, what="this input"):
         """The numpy value of an input that must be known at import time."""
         v = self.env.get(name)
         if not isinstance(v, Known):
+            src = self.source_input(v) if isinstance(v, Tensor) and v.id != self.b.g.named.get(("input", name)) else None
+            if src is not None:  # named so that a caller can make that graph input a constant
+                raise NotImplementedError(f"node {self.label!r}: {what} ({name!r}) is computed from graph input "
+                                          f"{src!r}: that input ('{src}') must be a constant")
             raise NotImplementedError(f"node {self.label!r}: {what} ({name!r}) must be a constant")
         return v.value.T if v.transposed else v.value
+
+    def source_input(self, t: Tensor):
+        """The name of a graph input that tensor t is computed from, or None."""
+        nodes, stack, seen = self.b.g.nodes, [t.id], set()
+        while stack:
+            i = stack.pop()
+            if i not in seen:
+                seen.add(i)
+                if nodes[i].op == "input":
+                    return nodes[i].attr("name")
+                stack.extend(nodes[i].inputs)
+        return None
 
     def opt(self, ins, i, what="this input"):
         """The known value of optional input i, or None when it is absent."""
@@ -317,8 +362,7 @@ def _folded_linear_weights(g, meta) -> dict:
             continue
         fx = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.fx_node"), "")
         src = parse_names(meta.get(node.input[1], {}).get(FOLDED_FROM_KEY, "[]"))
-        if ("aten.linear" in fx and len(src) == 1 and src[0] not in meta
-                and f"%p_{src[0].replace('.', '_')}" in fx):
+        if "aten.linear" in fx and len(src) == 1 and f"%p_{src[0].replace('.', '_')}" in fx:
             out[node.input[1]] = src[0]
     return out
 

@@ -344,6 +344,14 @@ def _source(g, role: str, name: str) -> dict:
     return {"source": src} if src else {}
 
 
+def initializer_notes(model) -> dict:
+    """{"initializers": [...]}: the weights an importer split or kept tied (Model.initializer_notes),
+    for `meganeura info`; nothing when there are none (optional in the manifest)."""
+    notes = getattr(model, "initializer_notes", ())
+    return {"initializers": [{"action": n.action, "initializer": n.initializer, "params": list(n.params),
+                              "why": n.why} for n in notes]} if notes else {}
+
+
 def _stored(role: str, value) -> bool:
     """Is a leaf's value stored in the blob? (optimizer state only when not all zeros)"""
     return role in ("param", "state", "constant") and value is not None and (role != "state" or bool(np.any(value)))

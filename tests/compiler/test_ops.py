@@ -35,6 +35,8 @@ import op_cases_nn  # noqa: F401  (adds the layer cases to the lists)
 import op_cases_index  # noqa: F401  (adds the indexed-write cases)
 import op_cases_optim  # noqa: F401  (adds the optimizer cases)
 import op_cases_int  # noqa: F401  (adds the integer and index cases)
+import op_cases_formats  # noqa: F401  (adds the narrow number format cases)
+import op_cases_math  # noqa: F401  (adds the elementary-function, power and remainder cases)
 from op_cases import CASES, FWD_CASES, TINY, Case, _rng, normal
 
 INTERP_TOL = 1e-9  # float64 interpreter vs torch float64

@@ -15,7 +15,7 @@ ROOMS = {"compiler": "meganeura.compiler", "runtime": "meganeura.runtime",
          "engine_bridge": "meganeura.engine_bridge"}
 MAX_FUNCTION_LINES = 80
 # lines of Python per room (docstrings and comments included): raise one on purpose, not by drift
-LINE_BUDGET = {"compiler": 13500, "runtime": 3800, "engine_bridge": 1700}
+LINE_BUDGET = {"compiler": 15000, "runtime": 4000, "engine_bridge": 1700}
 
 
 def _modules():

@@ -55,8 +55,9 @@ fn mn_gelu_tanh_grad(x: f32) -> f32 {
 }
 
 fn mn_pow(x: f32, c: f32) -> f32 {
-    // integer exponents work for negative bases, as in PyTorch; others follow pow()
-    if (c == round(c)) {
+    // integer exponents work for negative bases, as in PyTorch; others follow pow(), as do
+    // those of 2^24 or more (all even: of |x|)
+    if (c == round(c) && abs(c) < 16777216.0) {
         var r = 1.0;
         var b = select(x, 1.0 / x, c < 0.0);
         var n = u32(abs(c));
@@ -68,7 +69,7 @@ fn mn_pow(x: f32, c: f32) -> f32 {
         }
         return r;
     }
-    return pow(x, c);
+    return pow(select(x, abs(x), abs(c) >= 16777216.0), c);
 }
 
 fn mn_silu_grad(x: f32) -> f32 {
@@ -94,4 +95,216 @@ fn mn_expm1(x: f32) -> f32 {
 fn mn_nonfinite(x: f32) -> f32 {
     // exponent bits all ones: NaN or infinity (x != x may be folded away under fast math)
     return select(0.0, 1.0, (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u);
+}
+
+// The elementary functions below follow Cephes' single-precision ones (S. Moshier): a range
+// reduction and a short polynomial, relative error ~1e-7; drivers' asin, asinh, ... are
+// textbook formulas that lose most digits near 0 or overflow far from it.
+// |x| less the nearest even multiple j of pi/4 (as (r, j mod 8)), pi/4 split in three so that
+// each product is exact: a few ulp up to |x| ~ 8192, beyond which the reduction loses digits
+fn mn_reduce_pi4(a: f32) -> vec2<f32> {
+    var j = u32(a * 1.2732395447351628);
+    var y = f32(j);
+    if ((j & 1u) == 1u) {
+        j = j + 1u;
+        y = y + 1.0;
+    }
+    let r = ((a - y * 0.78515625) - y * 2.4187564849853515625e-4) - y * 3.77489497744594108e-8;
+    return vec2<f32>(r, f32(j & 7u));
+}
+
+fn mn_sin_poly(r: f32) -> f32 {
+    let z = r * r;
+    return ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * r + r;
+}
+
+fn mn_cos_poly(r: f32) -> f32 {
+    let z = r * r;
+    return ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0;
+}
+
+// sin, cos, tan of their own: drivers' builtins may be approximations with an absolute error
+// (sin(1e-6) off by 13% on one), useless near the functions' zeros
+fn mn_sin(x: f32) -> f32 {
+    if (mn_nonfinite(x) > 0.0) {
+        return bitcast<f32>(0x7fc00000u);
+    }
+    let rj = mn_reduce_pi4(abs(x));
+    let j = u32(rj.y);
+    let y = select(mn_sin_poly(rj.x), mn_cos_poly(rj.x), (j & 3u) == 2u);
+    return select(y, -y, (x < 0.0) != (j > 3u));
+}
+
+fn mn_cos(x: f32) -> f32 {
+    if (mn_nonfinite(x) > 0.0) {
+        return bitcast<f32>(0x7fc00000u);
+    }
+    let rj = mn_reduce_pi4(abs(x));
+    let j = u32(rj.y);
+    let y = select(mn_cos_poly(rj.x), mn_sin_poly(rj.x), (j & 3u) == 2u);
+    return select(y, -y, (j > 3u) != ((j & 3u) > 1u));
+}
+
+fn mn_tan(x: f32) -> f32 {
+    if (mn_nonfinite(x) > 0.0) {
+        return bitcast<f32>(0x7fc00000u);
+    }
+    let rj = mn_reduce_pi4(abs(x));
+    let r = rj.x;
+    let z = r * r;
+    var y = (((((9.38540185543e-3 * z + 3.11992232697e-3) * z + 2.44301354525e-2) * z + 5.34112807005e-2) * z
+        + 1.33387994085e-1) * z + 3.33331568548e-1) * z * r + r;
+    if ((u32(rj.y) & 2u) == 2u) {
+        y = -1.0 / y;
+    }
+    return select(y, -y, x < 0.0);
+}
+
+fn mn_sinh(x: f32) -> f32 {
+    let a = abs(x);
+    if (a <= 1.0) {
+        let z = x * x;
+        return ((2.03721912945e-4 * z + 8.33028376239e-3) * z + 1.66667160211e-1) * z * x + x;
+    }
+    if (a < 88.0) {
+        let e = exp(a);
+        return sign(x) * (0.5 * e - 0.5 / e);
+    }
+    return sign(x) * exp(a - 0.6931471805599453);  // e^a / 2, finite up to sinh's own overflow
+}
+
+fn mn_cosh(x: f32) -> f32 {
+    let a = abs(x);
+    if (a < 88.0) {
+        let e = exp(a);
+        return 0.5 * e + 0.5 / e;
+    }
+    return exp(a - 0.6931471805599453);
+}
+
+fn mn_asin(x: f32) -> f32 {
+    let a = abs(x);
+    var z = a * a;
+    var s = a;
+    if (a > 0.5) {  // asin(a) = pi/2 - 2 asin(sqrt((1 - a) / 2))
+        z = 0.5 * (1.0 - a);
+        s = sqrt(z);
+    }
+    var r = ((((4.2163199048e-2 * z + 2.4181311049e-2) * z + 4.5470025998e-2) * z + 7.4953002686e-2) * z
+        + 1.6666752422e-1) * z * s + s;
+    if (a > 0.5) {
+        r = 1.5707963267948966 - 2.0 * r;
+    }
+    return select(r, -r, x < 0.0);
+}
+
+fn mn_acos(x: f32) -> f32 {
+    if (x < -0.5) {
+        return 3.141592653589793 - 2.0 * mn_asin(sqrt(0.5 * (1.0 + x)));
+    }
+    if (x > 0.5) {
+        return 2.0 * mn_asin(sqrt(0.5 * (1.0 - x)));
+    }
+    return 1.5707963267948966 - mn_asin(x);
+}
+
+fn mn_atan(x: f32) -> f32 {
+    let a = abs(x);
+    var y = 0.0;
+    var t = a;
+    if (a > 2.414213562373095) {  // tan(3 pi / 8)
+        y = 1.5707963267948966;
+        t = -1.0 / a;
+    } else if (a > 0.41421356237309503) {  // tan(pi / 8)
+        y = 0.7853981633974483;
+        t = (a - 1.0) / (a + 1.0);
+    }
+    let z = t * t;
+    y = y + (((8.05374449538e-2 * z - 1.38776856032e-1) * z + 1.99777106478e-1) * z - 3.33329491539e-1) * z * t + t;
+    return select(y, -y, x < 0.0);
+}
+
+fn mn_asinh(x: f32) -> f32 {
+    let a = abs(x);
+    var r = log(a + sqrt(a * a + 1.0));
+    if (a < 0.5) {
+        let z = a * a;
+        r = (((2.0122003309e-2 * z - 4.2699340972e-2) * z + 7.4847586088e-2) * z - 1.6666288134e-1) * z * a + a;
+    } else if (a > 1500.0) {
+        r = log(a) + 0.6931471805599453;
+    }
+    return select(r, -r, x < 0.0);
+}
+
+fn mn_acosh(x: f32) -> f32 {
+    if (x > 1500.0) {
+        return log(x) + 0.6931471805599453;
+    }
+    let z = x - 1.0;  // exact for x in [1, 2]
+    if (z < 0.5) {
+        return ((((1.7596881071e-3 * z - 7.5272886713e-3) * z + 2.6454905019e-2) * z - 1.1784741703e-1) * z
+            + 1.4142135263) * sqrt(z);
+    }
+    return log(x + sqrt(z * (x + 1.0)));
+}
+
+fn mn_atanh(x: f32) -> f32 {
+    let a = abs(x);
+    var r = 0.5 * log((1.0 + a) / (1.0 - a));
+    if (a < 0.5) {
+        let z = a * a;
+        r = ((((1.81740078349e-1 * z + 8.24370301058e-2) * z + 1.46691431730e-1) * z + 1.99782164500e-1) * z
+            + 3.33337300303e-1) * z * a + a;
+    }
+    return select(r, -r, x < 0.0);
+}
+
+fn mn_ipow(x: i32, n: i32) -> i32 {
+    // x^n by squaring, wrapping as i32 products do; n < 0: 1 / x^-n rounded toward zero (0 for x = 0)
+    if (n < 0) {
+        return select(select(0, 1 - 2 * (n & 1), x == -1), 1, x == 1);
+    }
+    var r = 1;
+    var b = x;
+    var k = u32(n);
+    loop {
+        if (k == 0u) { break; }
+        if ((k & 1u) == 1u) { r = r * b; }
+        b = b * b;
+        k = k >> 1u;
+    }
+    return r;
+}
+
+fn mn_fmod(x: f32, y: f32) -> f32 {
+    // C's fmod, exactly: |x| less the largest |y| * 2^k below it, until under |y| (each
+    // subtraction is exact: Sterbenz); WGSL's % is x - y * trunc(x / y), off by the rounding
+    // of x / y once the quotient passes 2^24. NaN, infinities and zeros are told by their bits.
+    let bx = bitcast<u32>(x);
+    let by = bitcast<u32>(y) & 0x7fffffffu;
+    if ((bx & 0x7f800000u) == 0x7f800000u || by > 0x7f800000u || by == 0u) {
+        return bitcast<f32>(0x7fc00000u);
+    }
+    if (by == 0x7f800000u) {
+        return x;
+    }
+    let ay = bitcast<f32>(by);
+    var r = bitcast<f32>(bx & 0x7fffffffu);
+    for (var i = 0; i < 280; i = i + 1) {
+        if (!(r >= ay)) { break; }
+        let k = i32(bitcast<u32>(r) >> 23u) - i32(by >> 23u);
+        var t = ldexp(ay, k);
+        if (t > r) { t = ldexp(ay, k - 1); }
+        r = r - t;
+    }
+    return bitcast<f32>(bitcast<u32>(r) | (bx & 0x80000000u));
+}
+
+fn mn_floor_mod(x: f32, y: f32) -> f32 {
+    // numpy's remainder: the fmod moved to the divisor's sign (a zero too); exact but for that addition
+    let r = mn_fmod(x, y);
+    if (r == 0.0) {
+        return bitcast<f32>(bitcast<u32>(y) & 0x80000000u);
+    }
+    return select(r, r + y, (r < 0.0) != (y < 0.0));
 }
