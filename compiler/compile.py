@@ -7,7 +7,8 @@ Each stage is one call, in the order a model walks them:
     ir.training.build_training_graph      -> the training step as a Graph (with `train`)
     passes.prepare                        -> graphs of ops that have kernels
     passes.remat.fit                      -> the step recomputing values to fit train.memory_budget
-    passes.half_weights                   -> f16 weights (with options.weights == "f16")
+    passes.half_weights                   -> f16 weights (with options.weights == "f16"; before the
+                                             fit, when there is one, which counts them as stored)
     passes.schedule                       -> Schedule: kernels, order, storage
     package.writer (codegen inside)       -> WGSL, buffers, dispatches, the file's bytes
 """
@@ -104,6 +105,8 @@ def compile_model(model: Model, train: TrainConfig | None = None, source: dict |
         memory = {}
         if train.memory_budget is not None:
             step("fit the memory budget")
+            if options.weights == "f16":  # the budget holds the weights as the package stores them
+                half_weights([graphs["infer"], tg])
             tg, after["train_step"], memory = _fit(tg, parse_size(train.memory_budget), options)
         graphs["train_step"], extra["train_step"] = tg, {"row_mask": ROW_MASK}
         meta["training"] = {"loss": train.loss, "optimizer": train.optimizer, "lr": train.lr,

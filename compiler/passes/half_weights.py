@@ -48,7 +48,7 @@ def half_weights(graphs) -> set:
     # rounded once, on threads (numpy's casts release the GIL, and a large model's hundreds of
     # millions of values take seconds on one); the graphs then hold the values the package stores
     with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
-        halves = dict(zip(values, pool.map(lambda v: _close_half(np.asarray(v, np.float32)), values.values())))
+        halves = dict(zip(values, pool.map(_stored_half, values.values())))
     for name, half in halves.items():
         if half is None:
             names.discard(name)
@@ -62,6 +62,12 @@ def half_weights(graphs) -> set:
                 n = g.nodes[i]
                 g.nodes[i] = Node(n.op, "f16", n.shape, n.inputs, n.attrs)
     return names
+
+
+def _stored_half(v):
+    """`v` as stored in f16 (one halved before, by a budgeted compile, as it is), or None."""
+    v = np.asarray(v)
+    return as_half(v) if v.dtype == np.float16 else _close_half(np.asarray(v, np.float32))
 
 
 def _close_half(w: np.ndarray):

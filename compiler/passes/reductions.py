@@ -69,11 +69,13 @@ def geometry_of(graph, r):
     return (n.op, *reduce_geometry(graph.nodes[n.inputs[0]].shape, n.attr("axes")))
 
 
-def merge_kept_reductions(graph, kernels):
+def merge_kept_reductions(graph, kernels, waits=None):
     """Reductions of one geometry over values that stay in memory until the optimizer
     anyway (tensors that an in-place update reads, e.g. bias gradients' sums of one
     size) run as one dispatch, one reduction per workgroup layer: no tensor lives
-    longer for it. (Merging others would keep an activation gradient alive for a layer.)"""
+    longer for it. (Merging others would keep an activation gradient alive for a layer.)
+    `waits`: kernel -> the kernels it waits for without reading them (schedule's `after`);
+    two reductions, one of which waits for the other that way, stay apart."""
 
     assigned = {base_of(graph, v) for v in graph.assigns.values()}
     kernel_of = {r: i for i, k in enumerate(kernels) for r in k.roots}
@@ -83,7 +85,8 @@ def merge_kept_reductions(graph, kernels):
             kept |= k.reads
     if not kept:
         return kernels, kernel_of
-    deps = [{kernel_of[x] for x in k.reads if x in kernel_of} - {i} for i, k in enumerate(kernels)]
+    deps = [({kernel_of[x] for x in k.reads if x in kernel_of} | (waits or {}).get(i, set())) - {i}
+            for i, k in enumerate(kernels)]
     anc = [None] * len(kernels)  # kernel -> bitset of the kernels it waits for, transitively
     for start in range(len(kernels)):
         stack = [start]

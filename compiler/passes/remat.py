@@ -288,7 +288,7 @@ def _shortest(g, order, cands, forward, budget, measure, fits: Remat) -> Remat:
 def floor_bytes(g: Graph) -> int:
     """Parameters, optimizer state and the gradients of the trained parameters: what every
     plan keeps."""
-    leaves = sum(n.size * 4 for i, n in enumerate(g.nodes) if n.op in ("param", "state"))
+    leaves = sum(n.size * (2 if n.dtype == "f16" else 4) for n in g.nodes if n.op in ("param", "state"))
     trained = {name for name in g.assigns if not name.startswith("optimizer.")} - set(g.frozen)
     return leaves + sum(g.nodes[i].size * 4 for name, i in g.params.items() if name in trained)
 

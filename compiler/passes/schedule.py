@@ -42,8 +42,8 @@ def schedule(graph: Graph, options: CompileOptions = DEFAULT, after: dict | None
     views, written = _strided_views(graph, users, live, pinned, inlined)
     kernels = _group(graph, live, inlined, fitted, views, written, after)
     _keep_in_registers(graph, kernels, users, live, pinned)
-    kernels, kernel_of = _fuse_epilogues(graph, kernels, users, live, pinned, set(after))
-    kernels, kernel_of = merge_kept_reductions(graph, kernels)
+    kernels, kernel_of = _fuse_epilogues(graph, kernels, users, live, pinned, after)
+    kernels, kernel_of = merge_kept_reductions(graph, kernels, _waits(kernels, kernel_of, after))
     storage, inplace = _storage(graph, live, kernels, kernel_of, written)
     order = _order(graph, kernels, kernel_of, inplace, options.sink_chains, _waits(kernels, kernel_of, after))
     return Schedule(graph, storage, [kernels[k] for k in order], inlined, views, written, options=options)
@@ -353,12 +353,18 @@ def _through_other(kernels, kernel_of, anc_k, k, b) -> bool:
     return False
 
 
-def _fuse_epilogues(graph, kernels, users, live, pinned, late=frozenset()):
+def _fuse_epilogues(graph, kernels, users, live, pinned, after=None):
     """A matmul whose product only feeds one elementwise kernel, element for element,
     computes that kernel in its store instead (bias, activation, residual): one dispatch
-    and one tensor fewer. (Not a kernel of `late` nodes, those waiting for others, into a
-    matmul that is not: it would run early.)"""
+    and one tensor fewer. With schedule's `after`: not a kernel of late nodes (those
+    waiting for others) into a matmul that is not, which would run them early; nor a kernel
+    reading what waits for the matmul (a recomputed value waiting for the backward's matmul
+    whose product it multiplies), which would make the two wait for each other."""
     nodes = graph.nodes
+    late = set(after or ())
+    waiting = _kernel_users(kernels, after) if after else None  # kernel -> its readers and waiters
+    writer = {r: k for k, ker in enumerate(kernels) for r in ker.roots}
+    fused = {}  # elementwise kernel -> the matmul computing it in its store
     owner = {}  # node -> the kernels computing it (several when it is recomputed in each reader)
     for k, ker in enumerate(kernels):
         for r in list(ker.roots) + list(ker.members):
@@ -381,6 +387,9 @@ def _fuse_epilogues(graph, kernels, users, live, pinned, late=frozenset()):
             continue
         if m not in late and any(r in late for r in ek.roots):
             continue
+        if waiting and _reaches(waiting, fused, k, e, {fused.get(writer[x], writer[x]) for x in ek.reads - {m}
+                                                       if x in writer}):
+            continue
         if not all(u in ek.members and flat_read(graph, u, p) for u, p in readers):
             continue
         if any(nodes[r].size != nodes[m].size for r in ek.roots):
@@ -392,8 +401,41 @@ def _fuse_epilogues(graph, kernels, users, live, pinned, late=frozenset()):
         ker.roots = list(ek.roots)
         ker.reads = (ker.reads | ek.reads) - {m}
         gone.add(e)
+        fused[e] = k
     kept = [ker for i, ker in enumerate(kernels) if i not in gone]
     return kept, {r: i for i, ker in enumerate(kept) for r in ker.roots}
+
+
+def _kernel_users(kernels, after) -> list:
+    """Kernel -> the kernels reading its outputs or waiting for it (schedule's `after`)."""
+    of = {r: k for k, ker in enumerate(kernels) for r in ker.roots}
+    out = [set() for _ in kernels]
+    for k, ker in enumerate(kernels):
+        for x in ker.reads:
+            if of.get(x, k) != k:
+                out[of[x]].add(k)
+    for k, ks in _waits(kernels, of, after).items():
+        for w in ks:
+            out[w].add(k)
+    return out
+
+
+def _reaches(waiting, fused, start, skip, targets) -> bool:
+    """Does kernel `start` lead to one of `targets` other than through kernel `skip`?
+    (`waiting`: kernel -> its readers and waiters; `fused`: elementwise kernel -> the matmul
+    computing it in its store, the two one kernel now, named by the matmul.)"""
+    store = {k: e for e, k in fused.items()}
+    seen, stack = {start, skip}, [start]
+    while stack:
+        k = stack.pop()
+        for u in waiting[k] | waiting[store[k]] if k in store else waiting[k]:
+            u = fused.get(u, u)
+            if u in targets:
+                return True
+            if u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return False
 
 
 def _is_reduce(op: str) -> bool:
@@ -522,10 +564,14 @@ def _order(graph, kernels, kernel_of, inplace, sink_chains: bool, waits=None):
                 ready.append(u)
     if len(ready) < n:
         pending = sorted(set(range(n)) - set(ready))
-        raise RuntimeError("scheduler found a cycle between kernels (a compiler bug): "
-                           f"{[kernels[k].roots for k in pending]}")
+        raise RuntimeError(f"scheduler found a cycle between kernels (a compiler bug): {len(pending)} kernels wait, "
+                           f"the first writing nodes {', '.join(str(kernels[k].roots) for k in pending[:4])}")
     order = sorted(range(n), key=lambda k: (pass_of[k], k))
-    return _sink_chains(graph, kernels, kernel_of, order, users) if sink_chains else order
+    waiters = {}  # kernel -> the kernels waiting for it without reading it
+    for k, ks in (waits or {}).items():
+        for j in ks:
+            waiters.setdefault(j, set()).add(k)
+    return _sink_chains(graph, kernels, kernel_of, order, users, waiters) if sink_chains else order
 
 
 # CompileOptions.sink_chains: move a kernel, with the producers that only it reads, down to
@@ -537,7 +583,7 @@ def _order(graph, kernels, kernel_of, inplace, sink_chains: bool, waits=None):
 SINK_CHAIN_LENGTH = 8  # kernels moved together at most
 
 
-def _sink_chains(graph, kernels, kernel_of, order, users) -> list:
+def _sink_chains(graph, kernels, kernel_of, order, users, waiters=None) -> list:
     persistent = {i for i, n in enumerate(graph.nodes) if n.op in ("input", "param", "state", "constant", "const")}
     readers = {}
     for k in order:
@@ -568,6 +614,8 @@ def _sink_chains(graph, kernels, kernel_of, order, users) -> list:
         group = set()
         if target <= key[k] + 1 or not chain(k, target, group):
             continue
+        if waiters and any(key[w] < target for p in group for w in waiters.get(p, set()) - group):
+            continue  # (a kernel waiting for a member would run before it)
         for member in sorted(group, key=key.__getitem__, reverse=True):  # keep their order
             moved += 1
             key[member] = target - 1e-6 * moved

@@ -1,6 +1,7 @@
 """A memory budget for the training step: forward values recomputed in the backward pass
 (passes/remat.py) change no number, the step's buffers fit the budget, a budget under the
 smallest reachable one is refused naming it; the command line's --memory-budget and `info`."""
+import dataclasses
 import re
 
 import numpy as np
@@ -87,6 +88,55 @@ def test_budget_changes_no_number(device, packages):
     assert all(not np.array_equal(w0[name], initial[name]) for name in w0 if name.endswith("fc1.weight"))
     for name in w0:
         np.testing.assert_array_equal(w0[name], w1[name], err_msg=name)
+
+
+def tiny_llama():
+    """A two-layer Llama (bench/models.py's smoke SmolLM2) with LoRA on the attention projections."""
+    from meganeura.compiler.models.llama import LlamaConfig, llama
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, rope_theta=1000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
+    targets = [f"model.layers.*.self_attn.{m}_proj.weight" for m in "qkvo"]
+    train = TrainConfig(loss="cross_entropy", optimizer="adamw", lr=1e-3, lora_rank=8, lora_alpha=16.0,
+                        lora_targets=targets)
+    return llama(config, batch=2, seq=16, flatten_logits=True), train
+
+
+def test_llama_lora_at_the_smallest_budget(device):
+    """Recomputed MLP inputs wait for the backward matmul whose product their epilogue multiplies:
+    the matmul keeps that epilogue out of its store (else each waits for the other). Three steps
+    at the smallest reachable budget: the same losses and weights, bit for bit."""
+    model, train = tiny_llama()
+    plain = compile_model(model, train)
+    with pytest.raises(BudgetError) as refused:
+        compile_model(model, dataclasses.replace(train, memory_budget=1))
+    budgeted = compile_model(model, dataclasses.replace(train, memory_budget=refused.value.reachable))
+    memory = Package.from_bytes(budgeted).parsed.training.memory
+    assert memory.peak_bytes <= refused.value.reachable < memory.unbudgeted_peak_bytes and memory.rematerialised > 0
+    rng = np.random.default_rng(5)
+    batches = [{"input_ids": rng.integers(0, 97, (2, 16)).astype(np.int32),
+                "labels": rng.integers(0, 97, 32).astype(np.int32)} for _ in range(STEPS)]
+    runs = []
+    for data in (plain, budgeted):
+        session = Session(device, Package.from_bytes(data))
+        runs.append((np.array([session.run("train_step", batch)["loss"] for batch in batches]), session.weights()))
+    (l0, w0), (l1, w1) = runs
+    np.testing.assert_array_equal(l0, l1)
+    assert np.all(np.isfinite(l0)) and len(set(l0.tolist())) == STEPS
+    for name in w0:
+        np.testing.assert_array_equal(w0[name], w1[name], err_msg=name)
+
+
+def test_half_weights_count_as_stored():
+    """weights="f16": the budget holds the frozen weights in f16, as the package stores them."""
+    from meganeura.runtime.package_summary import step_bytes
+    model, train = tiny_llama()
+    plain = Package.from_bytes(compile_model(model, train, weights="f16")).parsed
+    budget = step_bytes(plain) - 1
+    budgeted = Package.from_bytes(compile_model(model, dataclasses.replace(train, memory_budget=budget),
+                                                weights="f16")).parsed
+    memory = budgeted.training.memory
+    assert memory.unbudgeted_peak_bytes == step_bytes(plain) and step_bytes(budgeted) == memory.peak_bytes <= budget
+    assert any(t.dtype == "f16" for t in budgeted.tensors)
 
 
 def test_recomputed_graph_matches_the_interpreter():

@@ -1,5 +1,6 @@
 """Scheduling: fusion decisions, binding limits, in-place updates after their readers."""
 import numpy as np
+import pytest
 
 from meganeura.compiler import Builder, TrainConfig, compile_model, run_graph
 from meganeura.compiler.passes.prepare import prepare
@@ -122,3 +123,17 @@ def test_sinking_recomputation_chains_holds_one_layers_scores_and_keeps_answers(
     assert runs[True][1] == runs[False][1]
     for name, w in runs[False][2].items():
         np.testing.assert_array_equal(runs[True][2][name], w, err_msg=name)
+
+
+def test_a_cycle_is_reported_briefly():
+    """Kernels that wait for each other (a compiler bug) are reported by count and a first few."""
+    b = Builder()
+    h = b.input("x", (4, 8))
+    for i in range(30):
+        h = b.linear(h, b.param(f"w{i}", np.eye(8, dtype=np.float32)))
+    b.output("y", h)
+    g = prepare(b.build().graph)
+    matmuls = [i for i, n in enumerate(g.nodes) if n.op == "matmul"]
+    with pytest.raises(RuntimeError, match="cycle between kernels") as cycle:
+        schedule(g, after={matmuls[0]: matmuls[-1]})  # the first waits for the last, which reads it
+    assert f"{len(matmuls)} kernels wait" in str(cycle.value) and len(str(cycle.value)) < 200
