@@ -13,7 +13,12 @@ from .app import DinoVision, load_backbone
 from .model import DemoConfig
 
 FRAME_DT = 0.7  # simulated seconds between frames: the camera covers ground quickly
-LEVEL_FRAMES = 12  # a new scene layout ("level") every so many frames
+LEVEL_STEPS = 24  # a new scene layout ("level") every so many training steps (12 frames at 2 per frame)
+
+
+def level_frames(steps_per_frame: int) -> int:
+    """Frames per level: the decoder sees as many layouts per step whatever its steps per frame."""
+    return max(1, LEVEL_STEPS // max(int(steps_per_frame), 2))
 
 
 def backbone_from_args(args):
@@ -60,11 +65,12 @@ def run_headless(args) -> dict:
     t0 = time.perf_counter()
     from tqdm import tqdm
 
+    per_level = level_frames(args.steps_per_frame)
     # a bar on a terminal only: in logs and CI it would garble the lines around it
     bar = tqdm(range(frames), desc="frames", unit="frame", leave=False, disable=not sys.stderr.isatty())
     for f in bar:
-        if f % LEVEL_FRAMES == 0:
-            app.scene.reseed(args.seed + 1 + f // LEVEL_FRAMES)
+        if f % per_level == 0:
+            app.scene.reseed(args.seed + 1 + f // per_level)
         start = time.perf_counter()
         enc = device.create_command_encoder()
         if timer:

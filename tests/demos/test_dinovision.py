@@ -8,7 +8,7 @@ import pytest
 
 from meganeura.demos.dinovision.__main__ import parse
 from meganeura.demos.dinovision.app import DinoVision
-from meganeura.demos.dinovision.headless import FRAME_DT, run_headless
+from meganeura.demos.dinovision.headless import FRAME_DT, level_frames, run_headless
 from meganeura.demos.dinovision.model import DemoConfig
 from meganeura.demos.dinovision.scene import CLASSES
 
@@ -51,15 +51,15 @@ def test_a_new_class_is_taught_by_brushing(trained, device):
     teach = np.arange(cfg.classes)
     teach[cone] = new
     before = app.evaluate(classes=teach)["per_class"].get(f"class{new}", 0.0)
-    probe = app.scene
-    for f in range(100):
-        if f % 12 == 0:
-            app.scene.reseed(100 + f // 12)
+    probe, per_level = app.scene, level_frames(4)
+    for f in range(50):  # 4 steps a frame: lavapipe's frames cost more than its steps
+        if f % per_level == 0:
+            app.scene.reseed(100 + f // per_level)
         t = f * FRAME_DT
         _, ids = probe.read_frame(t)  # a scripted user brushes exactly the cones they see
         app.labeler.paint_cells(0, ids == cone, new)
         enc = device.create_command_encoder()
-        app.record_frame(enc, t, train=2)
+        app.record_frame(enc, t, train=4)
         device.queue.submit([enc.finish()])
         app.submitted()
     after = app.evaluate(classes=teach)["per_class"].get(f"class{new}", 0.0)
