@@ -241,9 +241,9 @@ def _window_read(user, inp, cs, name, b):
     conds, terms = [], []
     for c, s0, step, s, d in zip(cs, starts, steps, st, inp.shape):
         t = f"(i32({c}) - {i32_literal(s0)})"
-        if step != 1:
-            conds.append(f"{t} % {i32_literal(step)} == 0")
-            t = f"({t} / {i32_literal(step)})"
+        if step != 1:  # (by |step|: NVIDIA's driver got i32 % and / by a negative divisor wrong)
+            conds.append(f"{t} % {i32_literal(abs(step))} == 0")
+            t = f"({'-' if step < 0 else ''}({t} / {i32_literal(abs(step))}))"
         conds.append(f"{t} >= 0 && {t} < {i32_literal(d)}")
         if s:
             terms.append(f"{t} * {i32_literal(s)}")

@@ -58,8 +58,9 @@ def _g_abs(e, n, i, g):
 # a > b as a 0/1 mask: exact for integers too (step(a - b) would overflow on them)
 row("greater", mask_broadcast, lambda xs, at: (xs[0] > xs[1]).astype(np.float32), None,
     (EW, "select(0.0, 1.0, {0} > {1})"))
-# the remainder of division rounded toward zero (C's fmod; ONNX Mod with fmod=1); x % 0 is 0
-row("mod", broadcast_shape, _mod_ref, None, (EW, "({0} % {1})"))
+# the remainder of division rounded toward zero (C's fmod; ONNX Mod with fmod=1); x % 0 is 0.
+# Written with |divisor|: NVIDIA's driver returned 7 for 7 % -3 (the result takes the dividend's sign)
+row("mod", broadcast_shape, _mod_ref, None, (EW, "(sign({0}) * (abs({0}) % abs({1})))"))
 row("abs", same_shape, lambda xs, at: np.abs(xs[0]), _g_abs, (EW, "abs({0})"))
 row("sign", same_shape, lambda xs, at: np.sign(xs[0]), None, (EW, "sign({0})"))
 row("bitwise", _int_shape, _bitwise_ref, None, (EW, BITWISE))
