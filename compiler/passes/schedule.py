@@ -169,6 +169,7 @@ class _Grouping:
         self.kernels, self.kernel_of, self.anc_k, self.users_k = [], {}, [], []
         self.siblings = {}  # (kind, inputs, attributes) -> kernel, for SIBLING_KINDS
         self.sharing = {}  # stored value -> elementwise kernels of its size reading it (horizontal merges)
+        self.leaf_readers = {leaf: set() for leaf in inplace_of.values()}  # leaf written in place -> its readers
 
     def bits_of(self, j) -> int:
         """What reading materialized value j depends on."""
@@ -201,6 +202,22 @@ class _Grouping:
             return k
         return None
 
+    def read_before(self, *roots) -> int:
+        """What the readers of the old values that `roots` overwrite in place depend on: an
+        in-place write runs after them, so its kernel cannot be one of those (a reader in
+        the writer's own kernel reads first, at its own index)."""
+        out = 0
+        for r in roots:
+            for q in self.leaf_readers.get(self.inplace_of.get(r), ()):
+                out |= self.anc_k[q]
+        return out
+
+    def overwrites_for_readers_of(self, kt, kb, b, target) -> bool:
+        """Would kernels `target` and `b` merged overwrite in place a value that a third kernel
+        waiting for one of them still reads (a cycle)?"""
+        before = self.read_before(*kt.roots, *kb.roots)
+        return bool((before >> b) & 1 or (before >> target) & 1)
+
     def place(self, r, members, ext) -> None:
         n = self.nodes[r]
         elementwise = is_elementwise(n.op)
@@ -208,7 +225,7 @@ class _Grouping:
         waits = 0
         for a in anchors:
             waits |= self.bits_of(a)
-        target = self._joinable(r, members, ext, waits) if elementwise else None
+        target = self._joinable(r, members, ext, waits | self.read_before(r)) if elementwise else None
         dep = waits
         for x in ext:
             dep |= self.bits_of(x)
@@ -228,6 +245,9 @@ class _Grouping:
         k.roots.append(r)
         k.members |= members
         k.reads = (k.reads | ext) - set(k.roots)
+        for x in ext:
+            if x in self.leaf_readers:
+                self.leaf_readers[x].add(target)
         self.kernel_of[r] = target
         self.waits[target] |= waits
         for x in list(ext) + anchors:
@@ -260,7 +280,8 @@ class _Grouping:
             kb = kernels[b]
             if nodes[kb.roots[0]].size != nodes[kt.roots[0]].size or _through_other(kernels, kernel_of, anc_k, target, b) \
                     or _through_other(kernels, kernel_of, anc_k, b, target) \
-                    or (self.waits[target] >> b) & 1 or (self.waits[b] >> target) & 1:
+                    or (self.waits[target] >> b) & 1 or (self.waits[b] >> target) & 1 \
+                    or self.overwrites_for_readers_of(kt, kb, b, target):
                 continue
             roots = set(kt.roots) | set(kb.roots)
             if not all(flat_read(graph, m, p) for m in kt.members | kb.members
@@ -282,6 +303,9 @@ class _Grouping:
                 if b in sharing.get(x, ()):
                     sharing[x].discard(b)
                     sharing[x].add(target)
+                if b in self.leaf_readers.get(x, ()):
+                    self.leaf_readers[x].discard(b)
+                    self.leaf_readers[x].add(target)
             kb.roots, kb.members, kb.reads = [], set(), set()
             anc_k[target] |= anc_k[b]
             for kk in _waiting(users_k, b, target) - {target}:  # whoever waited for either now waits for the merged kernel

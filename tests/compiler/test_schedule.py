@@ -137,3 +137,39 @@ def test_a_cycle_is_reported_briefly():
     with pytest.raises(RuntimeError, match="cycle between kernels") as cycle:
         schedule(g, after={matmuls[0]: matmuls[-1]})  # the first waits for the last, which reads it
     assert f"{len(matmuls)} kernels wait" in str(cycle.value) and len(str(cycle.value)) < 200
+
+
+def test_a_trained_scalar_with_adamw_schedules_and_trains(device):
+    """A 0-d parameter (CLIP's logit_scale) trained with AdamW: its moments are scalars like
+    the step counter, whose in-place write must follow the bias corrections reading the old
+    step; grouping them made a cycle. Three steps against torch's AdamW in float64."""
+    import numpy as np
+    from meganeura.compiler import TrainConfig, compile_model
+    from meganeura.compiler.ir.builder import Builder
+    from meganeura.runtime import Package, Session
+
+    rng = np.random.default_rng(0)
+    b = Builder()
+    x = b.input("x", (4, 3))
+    h = b.linear(x, b.param("w", rng.normal(size=(5, 3))), b.param("bias", np.zeros(5)))
+    b.output("logits", h * b.param("scale", np.array(2.0)))
+    s = Session(device, Package.from_bytes(compile_model(b.build(), TrainConfig(optimizer="adamw", lr=0.1))))
+    xs, ys = rng.normal(size=(4, 3)).astype(np.float32), np.array([0, 1, 2, 3])
+    losses = [float(s.run("train_step", {"x": xs, "labels": ys})["loss"]) for _ in range(3)]
+    scale = float(s.weights()["scale"])
+    import torch
+
+    W = torch.tensor(np.random.default_rng(0).normal(size=(5, 3)), requires_grad=True)  # the same draw as w
+    B = torch.zeros(5, dtype=torch.float64, requires_grad=True)
+    S = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.AdamW([W, B, S], lr=0.1)
+    ref = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy((torch.tensor(xs, dtype=torch.float64) @ W.T + B) * S,
+                                                 torch.tensor(ys))
+        loss.backward()
+        opt.step()
+        ref.append(loss.item())
+    assert np.allclose(losses, ref, rtol=1e-5), (losses, ref)
+    assert abs(scale - S.item()) < 1e-5 and scale != 2.0
