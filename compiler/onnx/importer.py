@@ -99,7 +99,8 @@ class _Importer:
             elif not kinds:  # no torch.export signature (the TorchScript exporter): all weights
                 kind = "param"
             else:  # an initializer folded out of weights stays a weight
-                sources = [kinds.get(n) for n in parse_names(meta.get(init.name, {}).get(FOLDED_FROM_KEY, "[]"))]
+                sources = [kinds.get(n, _vanished_kind(n))
+                           for n in parse_names(meta.get(init.name, {}).get(FOLDED_FROM_KEY, "[]"))]
                 origin = [kinds.get(init.name)] + sources
                 kind = "param" if "PARAMETER" in origin else "buffer" if "BUFFER" in origin else "const"
             self.env[init.name] = Known(value, init.name, kind)
@@ -351,6 +352,13 @@ class _Importer:
             return None
         axes = [int(a) for a in np.asarray(axes).reshape(-1)]
         return [a % rank if rank else a for a in axes] if axes else None
+
+
+def _vanished_kind(name: str):
+    """The kind of a folded initializer's source that left the graph entirely (the exporter
+    folded every use of it, e.g. Gather(pos.weight, constant ids) or Unsqueeze(gn.weight)):
+    a module's `weight` or `bias` is a parameter; other names are left unknown."""
+    return "PARAMETER" if name.rsplit(".", 1)[-1] in ("weight", "bias") and "." in name else None
 
 
 def _folded_linear_weights(g, meta) -> dict:
