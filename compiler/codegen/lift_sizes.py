@@ -33,20 +33,36 @@ FIXED = "// Sizes stay written in (compiler/lift_sizes.py)"  # a template's mark
 LOOPED = "// Private arrays indexed in loops on purpose (compiler/lift_sizes.py)"
 NAME = "mn_sizes"
 
-_LITERAL = re.compile(r"(?<![\w.])(\d+)u\b")
+# A pattern that starts with a letter or a digit is scanned for it quickly; one that starts with
+# \b or a look-behind is tried at every position. So a word's start is checked after its first
+# letter (`c(?<!\wc)onst` is `\bconst`), or after the match (_starts_word).
+_LITERAL = re.compile(r"u\b")  # a u32 literal's suffix: its digits before it (_literals)
 # an f32 constant as wgsl.f32_literal writes it: the quick tier reads it as bits (bitcast<f32>)
-_F32_LITERAL = re.compile(r"\bf32\((-?(?:\d+\.\d*|\d+)(?:e[-+]?\d+)?)\)")
-_I32_LITERAL = re.compile(r"(?<![\w.])(\d+)i\b")  # a typed i32 literal (wgsl.i32_literal): i32(...) of one
+_F32_LITERAL = re.compile(r"f32\((-?(?:\d+\.\d*|\d+)(?:e[-+]?\d+)?)\)")  # (at a word's start)
+_I32_LITERAL = re.compile(r"i\b")  # a typed i32 literal's suffix (wgsl.i32_literal): i32(...) of one
 COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 # (a module-scope var<private>'s initializer must be a constant expression too)
-_CONST_STMT = re.compile(r"\b(?:const|const_assert|override|var\s*<\s*private\s*>)[^;]*;")
+_CONST_STMT = re.compile(r"(?:c(?<!\wc)onst|c(?<!\wc)onst_assert|o(?<!\wo)verride|v(?<!\wv)ar\s*<\s*private\s*>)[^;]*;")
 _ATTRIBUTE = re.compile(r"@\w+\s*\([^)]*\)")
 _DIVIDES = re.compile(r"[/%]=?\s*")  # an operator whose right operand must stay a constant
-_U32_CONST = re.compile(r"\bconst\s+(\w+)\s*:\s*u32\s*=\s*(\d+)u\s*;")
+_DIVISOR = re.compile(r"(?:-\s*)?[\w.]+(?:\s*[\[(])?")  # a name or literal, maybe indexed or called (or negative)
+_ARRAY = re.compile(r"array\s*<")  # (at a word's start)
+_U32_CONST = re.compile(r"c(?<!\wc)onst\s+(\w+)\s*:\s*u32\s*=\s*(\d+)u\s*;")
+# where a name is declared otherwise than as a constant: a let, var, function, struct, alias,
+# override, or a parameter or field (`(name:`, `, name:`, `{ name:`)
+_DECLARED = re.compile(r"(?:l(?<!\wl)et|v(?<!\wv)ar|f(?<!\wf)n|s(?<!\ws)truct|a(?<!\wa)lias|o(?<!\wo)verride)\s+(?=(\w+)\b)"
+                       r"|[(,{]\s*(?=(\w+)\s*:)")
 _CASE = re.compile(r"\bcase\b[^:{]*[:{]")
 # arrays held in registers or in structs: a runtime index into one is a 60x trap on NVIDIA
-_PRIVATE_ARRAY = re.compile(r"\b(?:var|let)\b(?:<(?:private|function)>)?\s+\w+\s*(?::[^=;]*\barray\b|=\s*array\b)"
-                            r"|\bstruct\s+\w+\s*\{[^}]*\barray\b")
+_PRIVATE_ARRAY = re.compile(r"(?:v(?<!\wv)ar|l(?<!\wl)et)\b(?:<(?:private|function)>)?\s+\w+\s*(?::[^=;]*\barray\b|=\s*array\b)"
+                            r"|s(?<!\ws)truct\s+\w+\s*\{[^}]*\barray\b")
+_WORD = re.compile(r"\w")
+_WORD_OR_DOT = re.compile(r"[\w.]")
+
+
+def _starts_word(text: str, at: int, before=_WORD) -> bool:
+    """Is text[at] not preceded by a character `before` matches (a word's: \\b before a letter)?"""
+    return not at or not before.match(text, at - 1)
 
 
 def bracket_end(code: str, i: int, opening: str, closing: str) -> int:
@@ -69,16 +85,19 @@ def _fixed(code: str, divisors: bool = True) -> list:
     statements, attributes, case labels, array<...> templates (a shift's '>>' inside parentheses
     skipped), and the right operand of every division or remainder (by a constant, a multiply and
     a shift; by a uniform, a long sequence)."""
-    spans = [m.span() for rx in (_CONST_STMT, _ATTRIBUTE, _CASE) for m in rx.finditer(code)]
-    for m in re.finditer(r"\barray\s*<", code):
-        spans.append((m.start(), bracket_end(code, m.end(), "<", ">")))
+    spans = [m.span() for m in _CONST_STMT.finditer(code)] + [m.span() for m in _ATTRIBUTE.finditer(code)]
+    if "case" in code:
+        spans += [m.span() for m in _CASE.finditer(code)]
+    for m in _ARRAY.finditer(code):
+        if _starts_word(code, m.start()):
+            spans.append((m.start(), bracket_end(code, m.end(), "<", ">")))
     for m in _DIVIDES.finditer(code) if divisors else ():
         i = m.end()
         if code.startswith("(", i):
             spans.append((i, bracket_end(code, i + 1, "(", ")")))
         else:  # a name or literal, maybe indexed or called: up to the next operator or delimiter
-            word = re.match(r"(?:-\s*)?[\w.]+(?:\s*[\[(])?", code[i:])  # (a negative divisor too)
-            end = i + (word.end() if word else 0)
+            word = _DIVISOR.match(code, i)
+            end = word.end() if word else i
             if word and code[end - 1] in "[(":
                 end = bracket_end(code, end, code[end - 1], "]" if code[end - 1] == "[" else ")")
             spans.append((i, end))
@@ -96,7 +115,7 @@ def skeleton(code: str, quick: bool = False, divisors: bool = True):
     if NAME in code or (FIXED in code and not quick):  # (NAME: lifted already)
         return None
     text = COMMENT.sub("", code)
-    if _PRIVATE_ARRAY.search(text) and not (quick and LOOPED in code):
+    if not (quick and LOOPED in code) and _PRIVATE_ARRAY.search(text):
         return None
     if quick:
         text = _inline_constants(text)
@@ -104,12 +123,12 @@ def skeleton(code: str, quick: bool = False, divisors: bool = True):
     blocked = bytearray(len(text))
     for lo, hi in fixed:
         blocked[lo:hi] = b"\x01" * (hi - lo)
-    found = [(m.start(), m.end(), int(m.group(1))) for m in _LITERAL.finditer(text) if not blocked[m.start()]]
+    found = _literals(text, _LITERAL, blocked)
     if quick:
         found = sorted(found + [(m.start(), m.end(), bits) for m in _F32_LITERAL.finditer(text)
-                                if not blocked[m.start()] and (bits := _f32_bits(m.group(1))) is not None]
-                       + [(m.start(), m.end(), int(m.group(1))) for m in _I32_LITERAL.finditer(text)
-                          if not blocked[m.start()] and int(m.group(1)) < 1 << 31])
+                                if not blocked[m.start()] and _starts_word(text, m.start())
+                                and (bits := _f32_bits(m.group(1))) is not None]
+                       + [f for f in _literals(text, _I32_LITERAL, blocked) if f[2] < 1 << 31])
     if not found:
         return None
     parts, at = [], 0
@@ -119,6 +138,35 @@ def skeleton(code: str, quick: bool = False, divisors: bool = True):
         at = hi
     parts.append(text[at:])
     return text, found, "".join(parts)
+
+
+def _literals(text: str, suffix, blocked: bytearray) -> list:
+    """(start, end, value) of each literal outside `blocked`: digits (not after a letter, digit or
+    '.') and the suffix `suffix` finds, ending a word. (Found from the suffix, which is rarer than
+    a digit.)"""
+    found = []
+    for m in suffix.finditer(text):
+        end = m.start()
+        start = end
+        while start and text[start - 1].isdecimal():  # (\d)
+            start -= 1
+        if start < end and not blocked[start] and _starts_word(text, start, _WORD_OR_DOT):
+            found.append((start, end + 1, int(text[start:end])))
+    return found
+
+
+class Skeletons:
+    """skeleton() of kernel texts, each worked out once: quick_tier and lift ask for the same
+    ones. Made for one package's kernels and dropped with them."""
+
+    def __init__(self):
+        self._known = {}
+
+    def __call__(self, code: str, quick: bool = False, divisors: bool = True):
+        key = (code, quick, divisors)
+        if key not in self._known:
+            self._known[key] = skeleton(code, quick, divisors)
+        return self._known[key]
 
 
 def lifted_kernel(text: str, found: list, columns: list, members: int, bindings: int) -> str:
@@ -174,12 +222,14 @@ def _family(k: dict, sk: tuple, label: bool = True) -> tuple:
 def _inline_constants(text: str) -> str:
     """`text` with each u32 constant (`const TG: u32 = 16u;`) written into its uses instead,
     where they may then be lifted; a name declared twice with different values stays."""
+    if "const" not in text:
+        return text
     values = {}
     for m in _U32_CONST.finditer(text):
         values.setdefault(m.group(1), set()).add(m.group(2))
     # (a name also declared some other way, a parameter, a field, a let, stays: its uses are not all the constant's)
-    values = {name: v.pop() for name, v in values.items() if len(v) == 1 and not re.search(
-        rf"\b(?:let|var|fn|struct|alias|override)\s+{name}\b|[(,{{]\s*{name}\s*:", text)}
+    declared = {m.group(1) or m.group(2) for m in _DECLARED.finditer(text)} if values else set()
+    values = {name: v.pop() for name, v in values.items() if len(v) == 1 and name not in declared}
     if not values:
         return text
     text = _U32_CONST.sub(lambda m: "" if m.group(1) in values else m.group(0), text)
@@ -194,16 +244,17 @@ def each_entry(programs: dict, moved) -> dict:
         for d in p["dispatches"]]} for name, p in programs.items()}
 
 
-def lift(kernels: list, programs: dict, options: CompileOptions = DEFAULT) -> tuple:
+def lift(kernels: list, programs: dict, options: CompileOptions = DEFAULT, skeletons: Skeletons | None = None) -> tuple:
     """(kernels, programs) with each family of size variants as one kernel; dispatches (and
     their device-class variants) of a family's members name its kernel and carry "lifted",
     their values. Kernels no dispatch uses any more are dropped."""
     if not options.lift_sizes:
         return kernels, programs
+    skeletons = skeletons or Skeletons()
     families = {}
     shapes = {}
     for i, k in enumerate(kernels):
-        sk = skeleton(k["wgsl"])
+        sk = skeletons(k["wgsl"])
         if sk is None:
             continue
         shapes[i] = sk
@@ -227,7 +278,8 @@ def lift(kernels: list, programs: dict, options: CompileOptions = DEFAULT) -> tu
     return [new_kernels[i] for i in kept], each_entry(programs, moved)
 
 
-def quick_tier(kernels: list, programs: dict, options: CompileOptions = DEFAULT) -> tuple:
+def quick_tier(kernels: list, programs: dict, options: CompileOptions = DEFAULT,
+               skeletons: Skeletons | None = None) -> tuple:
     """(kernels, programs) with each dispatch's "quick" variant where the quick tier (runtime
     Session(quick_start=True): the driver compiles few, cheap kernels first, the tuned ones
     behind them) has one: what it runs is a dispatch's own quick variant (a GEMM's
@@ -241,16 +293,17 @@ def quick_tier(kernels: list, programs: dict, options: CompileOptions = DEFAULT)
     def subject(d):  # the kernel the quick tier would run unless a family takes it
         return as_variant(d, QUICK)
 
+    skeletons = skeletons or Skeletons()
     families, shapes = {}, {}
     for i in sorted({subject(d)["kernel"] for p in programs.values() for d in p["dispatches"]}):
-        sk = skeleton(kernels[i]["wgsl"], quick=True, divisors=options.quick_divisors)
+        sk = skeletons(kernels[i]["wgsl"], quick=True, divisors=options.quick_divisors)
         if sk is not None:
             shapes[i] = sk
             families.setdefault(_family(kernels[i], sk, label=False), []).append(i)
     new_kernels, remap = list(kernels), {}
     for members in families.values():
         plain = {(i,) if sk is None else _family(kernels[i], sk)
-                 for i, sk in ((i, skeleton(kernels[i]["wgsl"])) for i in members)}
+                 for i, sk in ((i, skeletons(kernels[i]["wgsl"])) for i in members)}
         label = kernels[members[0]].get("label", "")
         joined = _joined(kernels, members, shapes, label=label if label.endswith(f"({QUICK})") else f"{label} ({QUICK})") \
             if len(plain) > 1 else None

@@ -33,10 +33,11 @@ def fill(text: str, **values) -> str:
 
 
 def _filled(parts: tuple, holes: frozenset, what: str, values: dict) -> str:
-    missing = sorted(holes - set(values))
-    if missing:
-        raise KeyError(f"{what} needs {missing}")
-    return "".join(str(values[p]) if i % 2 else p for i, p in enumerate(parts))
+    if not values.keys() >= holes:
+        raise KeyError(f"{what} needs {sorted(holes - set(values))}")
+    out = list(parts)
+    out[1::2] = [str(values[p]) for p in parts[1::2]]
+    return "".join(out)
 
 
 def i32_literal(v: int) -> str:

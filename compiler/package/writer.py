@@ -232,7 +232,9 @@ class PackageBuilder:
         blob = self._early if self._early is not None and self._early.same(self.blob) else blobs.Blob(self.blob)
         persistent = sum(self.buffers[b] for b in {t["buffer"] for t in self.tensors if t["role"] != "output"})
         # size variants as one kernel; the quick tier's kernels lifted further first, then merged into fewer pipelines
-        kernels, programs = merge_quick.merge(*lift_sizes.lift(*lift_sizes.quick_tier(self.kernels, self.programs, self.options), self.options), self.options)
+        skeletons = lift_sizes.Skeletons()
+        kernels, programs = lift_sizes.quick_tier(self.kernels, self.programs, self.options, skeletons)
+        kernels, programs = merge_quick.merge(*lift_sizes.lift(kernels, programs, self.options, skeletons), self.options)
         manifest = {
             "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "compiler_version": self.version,
             "requires": {"features": [], "limits": {
@@ -248,11 +250,7 @@ class PackageBuilder:
             **meta,
         }
 
-        def head_of(crcs):  # 4 bytes per chunk: the length is known before the values
-            man = msgpack.packb({**manifest, "blob_checksum": {**manifest["blob_checksum"], "values": crcs}},
-                                use_bin_type=True)
-            return MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(man)) + man + struct.pack("<Q", blob.length)
-
+        head_of = _head_of(manifest, blob.length)
         # the trailing digest covers everything up to the blob; the manifest holds the
         # blob's chunk checksums, so the weights are read once (3.4 GB for an SD U-Net)
         try:
@@ -260,6 +258,35 @@ class PackageBuilder:
         finally:
             if self.reservation is not None:
                 self.reservation.release()
+
+
+def _head_of(manifest: dict, blob_length: int):
+    """head_of(crcs) for blobs.package_bytes: the file's bytes before the blob, its manifest
+    holding the chunk checksums `crcs` (4 bytes per chunk: the length is known before the
+    values). The manifest is packed once, in the pieces around the checksums (msgpack writes a
+    map as its header, then each key and value), not once per call: a large model's takes a
+    tenth of a second."""
+    packer = msgpack.Packer(use_bin_type=True)
+    pieces, slot = [packer.pack_map_header(len(manifest))], None
+    for key, value in manifest.items():
+        pieces.append(packer.pack(key))
+        if key != "blob_checksum":
+            pieces.append(packer.pack(value))
+            continue
+        checksum = {**value, "values": b""}
+        pieces.append(packer.pack_map_header(len(checksum)))
+        for k, v in checksum.items():
+            pieces.append(packer.pack(k))
+            if k == "values":
+                slot = len(pieces)
+            pieces.append(packer.pack(v))
+    before, after = b"".join(pieces[:slot]), b"".join(pieces[slot + 1:])
+
+    def head_of(crcs: bytes) -> bytes:
+        values = packer.pack(crcs)
+        return b"".join((MAGIC, struct.pack("<IQ", FORMAT_VERSION, len(before) + len(values) + len(after)),
+                         before, values, after, struct.pack("<Q", blob_length)))
+    return head_of
 
 
 class _Placement:

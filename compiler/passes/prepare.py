@@ -6,7 +6,6 @@ random inputs.
 """
 from __future__ import annotations
 
-import functools
 
 from ..ir.emit import Emitter
 from ..ir.graph import Graph, Node, make_attrs
@@ -95,7 +94,6 @@ def _pointwise_as_matmul(e: Emitter, n: Node) -> int:
     return e.reshape(y, n.shape)
 
 
-@functools.cache
 def _split_reduce(e: Emitter, n: Node, x: int) -> int:
     """A reduction over scattered axes that one kernel cannot walk (see reduce_geometry)
     becomes one reduction per run of adjacent axes."""

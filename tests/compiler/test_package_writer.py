@@ -159,11 +159,12 @@ def test_compiles_pause_the_cycle_collector_and_restore_its_state(monkeypatch):
 
     seen = []
     real_schedule = compile_mod.schedule
-    monkeypatch.setattr(compile_mod, "schedule", lambda g, o: seen.append(gc.isenabled()) or real_schedule(g, o))
+    monkeypatch.setattr(compile_mod, "schedule",
+                        lambda g, o, *a: seen.append(gc.isenabled()) or real_schedule(g, o, *a))
     assert gc.isenabled()
     compile_model(_model(), TrainConfig(loss="mse", optimizer="sgd"))
     assert seen == [False, False] and gc.isenabled()
-    def failing(g, o):
+    def failing(g, o, *a):
         raise RuntimeError("a compiler bug")
     monkeypatch.setattr(compile_mod, "schedule", failing)
     with pytest.raises(RuntimeError):
