@@ -15,7 +15,18 @@ ROOT = Path(__file__).resolve().parents[1]
 TREE = ROOT / "build" / "docs-src"
 
 
+def on_startup(command, dirty, **kwargs):
+    """Before any plugin reads its configuration: mkdocstrings takes its search paths as they
+    exist then, so the links must be there on a fresh checkout's first build."""
+    link_rooms()
+
+
 def on_config(config, **kwargs):
+    link_rooms()
+    return config
+
+
+def link_rooms() -> None:
     table = re.search(r"^\[tool\.setuptools\.package-dir\]\n(.*?)(?=^\[|\Z)",
                       (ROOT / "pyproject.toml").read_text(), re.DOTALL | re.MULTILINE).group(1)
     mapping = dict(re.findall(r'^"([\w.]+)" = "([^"]+)"', table, re.MULTILINE))
@@ -30,4 +41,3 @@ def on_config(config, **kwargs):
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(target, target_is_directory=target.is_dir())
-    return config
