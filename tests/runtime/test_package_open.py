@@ -252,6 +252,7 @@ import signal, sys, threading, time, zlib
 from meganeura.runtime import Session
 from meganeura.runtime import loader as loader_module
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # (a job started in the background inherits SIGINT ignored)
 path, big = sys.argv[1], sys.argv[2] == "big"
 s = Session(None, path)
 if big:
