@@ -77,6 +77,7 @@ def main(argv=None):
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--eyes", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--program", default="infer")
+    ap.add_argument("--f32-backbone", action="store_true", help="f32 backbone weights (the demo stores them f16)")
     args = ap.parse_args(argv)
     from meganeura.demos.dinovision.app import load_backbone
     from meganeura.demos.dinovision.model import DemoConfig, compile_demo
@@ -84,7 +85,8 @@ def main(argv=None):
 
     w = load_backbone()
     for eyes in args.eyes:
-        s = Session(None, Package.from_bytes(compile_demo(DemoConfig(height=args.size, width=args.size, eyes=eyes), w)))
+        s = Session(None, Package.from_bytes(compile_demo(DemoConfig(height=args.size, width=args.size, eyes=eyes), w,
+                                                               half_backbone=not args.f32_backbone)))
         x = np.zeros((eyes, 3, args.size, args.size), np.float32)
         s.run("infer", {"pixel_values": x})
         for prog in [args.program, "train_decoder"]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ...runtime.package import QUICK
 from ..ir.ops_layers import attention_scale, backward_blocks
 from ..passes.records import Kernel, Schedule, base_of
-from .common import WG, Bindings, KernelCode, grid, per_output, strides_of, tile_type
+from .common import WG, Bindings, KernelCode, as_vec4, grid, per_output, strides_of, tile_type
 from .lift_sizes import LOOPED
 from .wgsl import f32_literal, render
 
@@ -116,6 +116,49 @@ def _forward_body(shared: bool, dv4: int, tile: int) -> dict:
                 TILE=tile if shared else 32)
 
 
+# the CPU rasterisers' kernel keeps 2 query rows an invocation while their written-out state
+# (16 vec4s a row per 64 of head width) stays within this many vec4s, else 1: LLVM's time
+# over the kernel grows faster than its rows, and a session compiles it each time
+# (bench/REJECTED.md: 4 and 8 rows)
+CPU_STATE_VEC4S = 32
+
+
+def _cpu_variant(common: dict, dv4: int, s: int, heads: int, split: int, quads: bool) -> tuple:
+    """(WGSL, workgroup size, workgroups) of templates/attention_cpu.wgsl: 1 or 2 rows an
+    invocation, each row's code written out from the GPU kernel's (its STORE runs in a block
+    that names the row's state as the GPU kernel does)."""
+    n_rows = 2 if 2 * dv4 <= CPU_STATE_VEC4S else 1
+    rows = range(n_rows)
+    setup, update, store = [], [], []
+    for i in rows:
+        setup += [f"    let row{i} = first + {i}u;", f"    let qrow{i} = min(row{i}, S - 1u);",
+                  f"    let q{i}_base = b * {common['QSB']}u + h * {common['QSH']}u + qrow{i} * {common['QST']}u;"]
+        setup += [f"    let q{i}_{c} = vec4<f32>(q[q{i}_base + {4 * c}u], q[q{i}_base + {4 * c + 1}u], "
+                  f"q[q{i}_base + {4 * c + 2}u], q[q{i}_base + {4 * c + 3}u]);" for c in range(dv4)]
+        setup += [f"    var m{i} = -3.4028235e38;", f"    var l{i} = 0.0;",
+                  f"    let last{i} = select(T, min(T, qrow{i} + (T - S) + 1u), CAUSAL);"]
+        setup += [f"    var acc{i}_{c} = vec4<f32>(0.0);" for c in range(dv4)]
+        dots = " + ".join(f"dot(q{i}_{c}, kc{c})" for c in range(dv4))
+        update += [f"        if (!CAUSAL || j < last{i}) {{", f"            let s = ({dots}) * SCALE;",
+                   f"            let mx = max(m{i}, s);", f"            let corr = exp(m{i} - mx);",
+                   "            let p = exp(s - mx);", f"            l{i} = l{i} * corr + p;", f"            m{i} = mx;"]
+        update += [f"            acc{i}_{c} = acc{i}_{c} * corr + p * vc{c};" for c in range(dv4)]
+        update.append("        }")
+        names = [f"let row = row{i};", f"let m = m{i};", f"let l = l{i};"] + [
+            f"let acc{c} = acc{i}_{c};" for c in range(dv4)]
+        store += [f"    if (row{i} < S) {{", "        " + " ".join(names), common["STORE"], "    }"]
+    loads = [f"        let kc{c} = k4(k_base, j, {c}u);" for c in range(dv4)] + [
+        f"        let vc{c} = v4(v_base, j, {c}u);" for c in range(dv4)]
+    keep = {k: v for k, v in common.items() if k not in ("Q_LOAD", "ACC_DECL", "STORE")}
+    if quads:  # keys and values 16 bytes a read: a quarter of the reads
+        keep["BINDINGS"] = as_vec4(keep["BINDINGS"], "kv")
+    read = {n: f"{n}[o / 4u]" if quads else f"vec4<f32>({n}[o], {n}[o + 1u], {n}[o + 2u], {n}[o + 3u])" for n in "kv"}
+    wgsl = render("attention_cpu", **keep, ROWS=n_rows, ROW_SETUP="\n".join(setup), KEY_LOAD="\n".join(loads),
+                  ROW_UPDATE="\n".join(update), ROW_STORE="\n".join(store),
+                  K4=read["k"], V4=read["v"])
+    return wgsl, (8, 1, 1), (-(-s // (8 * n_rows)), heads, split)
+
+
 def _looped_head(dv4: int, split: int, out: bool, lse: bool, row_of: str | None, heads: int) -> dict:
     """The forward kernel's head-dimension code as loops over a private array of vec4s instead of
     DV4 written-out vec4 variables: much less for the driver to compile, and slower to run
@@ -207,7 +250,8 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
     groups = (-(-s // 64), b * h, split)
     code = KernelCode(render("attention", **common, **_forward_body(True, dv4, tile)), (64, 1, 1), out.slots, groups,
                       "attention")
-    code.variants = {"cpu": (render("attention", **common, **_forward_body(False, dv4, tile)), (64, 1, 1), groups)}
+    quads = all(x % 4 == 0 for x in (ksb, ksh, kst, vsb, vsh, vst)) and not any(bind.half(i) for i in n.inputs[1:3])
+    code.variants = {"cpu": _cpu_variant(common, dv4, s, b * h, split, quads)}
     if dv4 >= QUICK_LOOPS_FROM:  # the quick tier: the head dimension in loops (see QUICK_LOOPS_FROM)
         looped = {**common, **_forward_body(True, dv4, tile),
                   **_looped_head(dv4, split, r_out is not None, r_lse is not None, out.row_of, b * h)}

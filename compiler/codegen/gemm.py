@@ -7,7 +7,6 @@ consumers may run in the store (epilogues).
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from functools import cache
 
@@ -315,11 +314,43 @@ def _splitk_sum(bind: Bindings, names, temp, m: int, n: int, groups: int, split:
                       label + "/splitk-sum")
 
 
-def _slower_variants(common: str, m: int, n: int, z: int) -> dict:
+# multiply-adds from which the CPU GEMM takes tiles of 8 and 16: a 145x192x576 product runs 3x
+# faster on them than on 4x4 tiles, but LLVM takes twice to four times as long over them (each
+# operand read is a loop over the SIMD lanes there, written out per tile row and column), each
+# time a session loads them: only products big enough to run many times over take them
+# (bench/REJECTED.md)
+CPU_BIG_TILES_FROM = 1 << 22
+
+
+def _cpu_variant(common: str, m: int, n: int, z: int, fmas: int) -> tuple:
+    """(WGSL, workgroup size, workgroups) of igemm_cpu.wgsl: 4x4 tiles on 8x8 invocations, or
+    for big products 16 rows or columns where the shape fills them (else 8) on one row of 8
+    invocations (8 rows when one would need more workgroups than a device allows)."""
+    if fmas < CPU_BIG_TILES_FROM:
+        rows = cols = 4
+        wy = 8
+    else:
+        rows, cols = (16 if m >= 128 else 8), (16 if n >= 128 else 8)
+        wy = 1 if -(-m // rows) <= MAX_GROUPS else 8
+    quads = range(cols // 4)
+    acc = [f"    var acc{i}_{q} = vec4<f32>(0.0);" for i in range(rows) for q in quads]
+    step = [f"        let b{q} = vec4<f32>(" + ", ".join(f"load_b(g, k, c + {4 * q + e}u)" for e in range(4)) + ");"
+            for q in quads]
+    store = []
+    for i in range(rows):
+        step.append(f"        let a{i} = load_a(g, r + {i}u, k);")
+        step += [f"        acc{i}_{q} = acc{i}_{q} + a{i} * b{q};" for q in quads]
+        store += [f"    store(g, slice, r + {i}u, c + {4 * q + e}u, acc{i}_{q}.{'xyzw'[e]});" for q in quads for e in range(4)]
+    wgsl = render("igemm_cpu", COMMON=common, WY=wy, ROWS=rows, COLS=cols, ACC_DECL="\n".join(acc),
+                  STEP="\n".join(step), STORE_ALL="\n".join(store))
+    return wgsl, (8, wy, 1), (-(-n // (8 * cols)), -(-m // (rows * wy)), z)
+
+
+def _slower_variants(common: str, m: int, n: int, z: int, fmas: int) -> dict:
     """The CPU rasterisers' kernel (barrier-free, same bindings and split) and, unless its
     16-tiles need more workgroups than a device allows, the quick tier's (Session(quick_start=
     True): fast to compile, run until the tuned kernel has compiled)."""
-    variants = {"cpu": (render("igemm_cpu", COMMON=common), (8, 8, 1), (-(-n // 32), -(-m // 32), z))}
+    variants = {"cpu": _cpu_variant(common, m, n, z, fmas)}
     quick_groups = (-(-n // 16), -(-m // 16), z)
     if max(quick_groups) <= MAX_GROUPS:
         variants[QUICK] = (render("igemm_quick", COMMON=common), (16, 16, 1), quick_groups)
@@ -359,9 +390,8 @@ def igemm(bind: Bindings, m: int, n: int, k: int, groups: int, load_a: str, load
         steps = k_steps_per_trip(k, ks, bk, plan["k_unroll_small"])
         wgsl, tg = _igemm_small(tile, k_contiguous, modes, common, steps), tile // 4
     code = KernelCode(wgsl, (tg, tg, 1), slots, (-(-n // tile), -(-m // tile), groups * split), label)
-    code.gemm_decls, code.gemm_store = decls, st  # for variants with other main loops
     code.variants = _slower_variants(render("igemm_common", BINDINGS=decls, **contract, **ALL_GUARDED),
-                                     m, n, groups * split)
+                                     m, n, groups * split, m * n * k * groups)
     if split == 1:
         return code
     code.temps = {temp: split * groups * m * n * 4}
@@ -432,21 +462,5 @@ def matmul(sched: Schedule, k: Kernel) -> KernelCode:
         vec4[1] = ("k", offsets[1] + f"\n    return {quad('b', f'(off + k + n * {sbn}u) / 4u')};")
     codes = igemm(bind, m_, n_, k_, batches, *loads, store, label, names, prelude,
                   k_contiguous=(sak == 1, sbk == 1), vec4=tuple(vec4))
-    # both along K in memory: the CPU's dot-product kernel (f32 operands only: f16 weights take
-    # igemm_cpu, whose speed on CPU rasterisers with them is not measured)
-    if sak == 1 and sbk == 1 and k_ % 4 == 0 and not any(bind.half(base_of(g, i)) for i in n.inputs):
-        _add_dot_product_variant(codes[0] if isinstance(codes, list) else codes, batch_shape, a.shape, b.shape,
-                                 m_, n_, k_, batches)
     return codes
 
-
-def _add_dot_product_variant(first: KernelCode, batch_shape, a_shape, b_shape, m_: int, n_: int, k_: int,
-                             batches: int):
-    """mm_dot_cpu.wgsl as `first`'s CPU variant: A and B both along K, read 16 bytes at a time."""
-    split = int(re.search(r"const SPLIT: u32 = (\d+)u;", first.wgsl).group(1))
-    ks = int(re.search(r"const KS: u32 = (\d+)u;", first.wgsl).group(1))
-    offsets = (_batch_offset(batch_shape, a_shape, "a_el") + "\n" + _batch_offset(batch_shape, b_shape, "b_el")
-               + "\n    let a_off = a_el / 4u;\n    let b_off = b_el / 4u;")
-    wgsl = render("mm_dot_cpu", BINDINGS=as_vec4(first.gemm_decls, "ab"), M=m_, N=n_, K=k_, SPLIT=split, KS=ks,
-                  STORE=first.gemm_store, OFFSETS=offsets)
-    first.variants = {**first.variants, "cpu": (wgsl, (8, 8, 1), (-(-n_ // 32), -(-m_ // 32), batches * split))}
