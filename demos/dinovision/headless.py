@@ -90,7 +90,7 @@ def run_headless(args) -> dict:
         if f % every == 0 or f == frames - 1:
             img = read_texture(device, frame_target)
             _save_png(out / f"frame_{f:04d}.png", img[..., :3])
-        if f % every == 0:
+        if points and f % every == 0:
             ev = app.evaluate()
             curve.append((app.steps, ev["miou"]))
             bar.write(f"frame {f}: {app.steps} steps, loss {app.losses[-1][1] if app.losses else float('nan'):.3f}, "
