@@ -5,4 +5,5 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
-exec .venv/bin/python -m pytest -q tests "$@"
+# two workers (pytest-xdist), a file to each at a time: module fixtures run once
+exec .venv/bin/python -m pytest -q -n 2 --dist loadfile tests "$@"

@@ -13,6 +13,17 @@ if not os.path.isdir(os.environ.get("XDG_RUNTIME_DIR", "")):  # before wgpu load
 REQUIRE_GPU = os.environ.get("MEGANEURA_REQUIRE_GPU") == "1"
 
 
+# scripts/test.sh spreads the files over two workers: the longest ones start first, so that
+# none of them begins last and keeps one worker busy after the other has finished
+LONGEST_FIRST = ("demos/test_dinovision.py", "engine_bridge/test_soak.py", "compiler/test_onnx_backend.py",
+                 "runtime/test_package_fuzz_lifted.py", "runtime/test_checkpoint.py", "packaging/test_wheel.py",
+                 "compiler/test_onnx_zoo.py", "runtime/test_package_fuzz.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0].removeprefix("tests/"), len(rank)))
+
 @pytest.fixture(scope="session")
 def device():
     """The shared default device, as the runtime gets it with Session(None, ...)."""
