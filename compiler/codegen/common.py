@@ -241,9 +241,9 @@ def _window_read(user, inp, cs, name, b):
     conds, terms = [], []
     for c, s0, step, s, d in zip(cs, starts, steps, st, inp.shape):
         t = f"(i32({c}) - {i32_literal(s0)})"
-        if step != 1:  # (by |step|: NVIDIA's driver got i32 % and / by a negative divisor wrong)
-            conds.append(f"{t} % {i32_literal(abs(step))} == 0")
-            t = f"({'-' if step < 0 else ''}({t} / {i32_literal(abs(step))}))"
+        if step != 1:  # (c - start) / step, on u32 values shifted by a multiple of |step|
+            t = _stepped(c, s0, step)
+            conds.append(f"({c} + {_shift(s0, step) - s0}u) % {abs(step)}u == 0u")
         conds.append(f"{t} >= 0 && {t} < {i32_literal(d)}")
         if s:
             terms.append(f"{t} * {i32_literal(s)}")
@@ -253,6 +253,19 @@ def _window_read(user, inp, cs, name, b):
     return key, f"select({fill}, {read}, {' && '.join(conds) if conds else 'true'})"
 
 
+
+def _shift(s0: int, step: int) -> int:
+    """The smallest multiple of |step| that is at least `s0`."""
+    return -(-s0 // abs(step)) * abs(step)
+
+
+def _stepped(c: str, s0: int, step: int) -> str:
+    """WGSL for (c - s0) / step where |step| divides it, from u32 arithmetic only: NVIDIA's
+    driver got i32 % and / wrong (by negative divisors, and a pad's gradient with positive steps
+    read wrong elements on the H200)."""
+    a, off = abs(step), _shift(s0, step)
+    q = f"(i32(({c} + {off - s0}u) / {a}u) - {i32_literal(off // a)})"
+    return f"(-{q})" if step < 0 else q
 
 def _read_offsets(user, inp):
     """Element offsets per coordinate of `user`'s output for reading input `inp`."""

@@ -128,7 +128,8 @@ def test_forward_and_backward_against_torch(name, run_on_gpu):
 def test_softplus_and_mish_keep_their_relative_precision_far_below_zero(run_on_gpu):
     """softplus(x) ~ e^x below zero: computed as log(1 + e^x) it keeps only the digits of e^x
     that survive 1 + e^x (3e-4 relative at x = -8.6, beyond ONNX's Mish tolerance of 1e-3 on
-    NVIDIA). Each element against torch in float64, relative to itself."""
+    NVIDIA). Each element against torch in float64, relative to itself: 5e-6, what GPUs' log
+    allows past the series (2.2e-6 on the H200), where the old formula was 0.33 off."""
     x = np.linspace(-16.0, 4.0, 4001)
     b = Builder()
     t = b.input("x", x.shape)
@@ -139,4 +140,4 @@ def test_softplus_and_mish_keep_their_relative_precision_far_below_zero(run_on_g
     for name, ref in {"softplus": F.softplus(tx, threshold=1e9), "mish": F.mish(tx)}.items():
         r = ref.numpy()
         worst = float(np.max(np.abs(got[name] - r) / np.maximum(np.abs(r), 1e-30)))  # (mish(0) = 0)
-        assert worst < 2e-6, f"{name}: {worst:.2e} relative"
+        assert worst < 5e-6, f"{name}: {worst:.2e} relative"  # (NVIDIA's log near 1: 2.2e-6)
