@@ -93,8 +93,8 @@ def run_headless(args) -> dict:
         if points and f % every == 0:
             ev = app.evaluate()
             curve.append((app.steps, ev["miou"]))
-            bar.write(f"frame {f}: {app.steps} steps, loss {app.losses[-1][1] if app.losses else float('nan'):.3f}, "
-                  f"held-out mIoU {ev['miou']:.3f}")
+            loss = f"{app.losses[-1][1]:.3f}" if app.losses else "not read back yet"
+            bar.write(f"frame {f}: {app.steps} steps, loss {loss}, held-out mIoU {ev['miou']:.3f}")
     total = time.perf_counter() - t0
     after = app.evaluate()
     curve.append((app.steps, after["miou"]))
