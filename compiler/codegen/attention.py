@@ -123,6 +123,14 @@ def _forward_body(shared: bool, dv4: int, tile: int) -> dict:
 CPU_STATE_VEC4S = 32
 
 
+def _head(common: dict, quads: bool = False) -> str:
+    """templates/attention_head.wgsl for `common`'s sizes; `quads`: keys and values read 16
+    bytes at a time (their bindings retyped by as_vec4)."""
+    read = {n: f"{n}[o / 4u]" if quads else f"vec4<f32>({n}[o], {n}[o + 1u], {n}[o + 2u], {n}[o + 3u])" for n in "kv"}
+    return render("attention_head", **{k: common[k] for k in ("S", "T", "H", "HK", "REP", "DV4", "SCALE", "CAUSAL",
+                                                               "SPLIT", "KL", "KST", "VST")}, K4=read["k"], V4=read["v"])
+
+
 def _cpu_variant(common: dict, dv4: int, s: int, heads: int, split: int, quads: bool) -> tuple:
     """(WGSL, workgroup size, workgroups) of templates/attention_cpu.wgsl: 1 or 2 rows an
     invocation, each row's code written out from the GPU kernel's (its STORE runs in a block
@@ -152,10 +160,9 @@ def _cpu_variant(common: dict, dv4: int, s: int, heads: int, split: int, quads: 
     keep = {k: v for k, v in common.items() if k not in ("Q_LOAD", "ACC_DECL", "STORE")}
     if quads:  # keys and values 16 bytes a read: a quarter of the reads
         keep["BINDINGS"] = as_vec4(keep["BINDINGS"], "kv")
-    read = {n: f"{n}[o / 4u]" if quads else f"vec4<f32>({n}[o], {n}[o + 1u], {n}[o + 2u], {n}[o + 3u])" for n in "kv"}
+        keep["HEAD"] = _head(common, quads=True)
     wgsl = render("attention_cpu", **keep, ROWS=n_rows, ROW_SETUP="\n".join(setup), KEY_LOAD="\n".join(loads),
-                  ROW_UPDATE="\n".join(update), ROW_STORE="\n".join(store),
-                  K4=read["k"], V4=read["v"])
+                  ROW_UPDATE="\n".join(update), ROW_STORE="\n".join(store))
     return wgsl, (8, 1, 1), (-(-s // (8 * n_rows)), heads, split)
 
 
@@ -246,6 +253,7 @@ def attention(sched: Schedule, k: Kernel) -> KernelCode:
     common = dict(BINDINGS=out.decls, S=s, T=t, H=h, HK=hk, REP=h // hk, DV4=dv4, SCALE=f32_literal(scale), SPLIT=split,
                   KL=kl, QSB=qsb, QSH=qsh, QST=qst, KSB=ksb, KSH=ksh, KST=kst, VSB=vsb, VSH=vsh, VST=vst,
                   CAUSAL="true" if n.attr("causal") else "false", Q_LOAD=q_load, ACC_DECL=acc, STORE=out.store)
+    common["HEAD"] = _head(common)
     tile = max(1, min(32, SHARED_BUDGET // (2 * 16 * dv4)))  # keys per staged tile: k and v, 16 bytes a vec4
     groups = (-(-s // 64), b * h, split)
     code = KernelCode(render("attention", **common, **_forward_body(True, dv4, tile)), (64, 1, 1), out.slots, groups,

@@ -7,32 +7,11 @@
 // Sizes stay written in (compiler/lift_sizes.py): the inner loops divide by them.
 {{BINDINGS}}
 
-const S: u32 = {{S}}u;
-const T: u32 = {{T}}u;
-const H: u32 = {{H}}u;
-const HK: u32 = {{HK}}u;
-const REP: u32 = {{REP}}u;
-const DV4: u32 = {{DV4}}u;
-const SCALE: f32 = {{SCALE}};
-const CAUSAL: bool = {{CAUSAL}};
+{{HEAD}}
 const TILE: u32 = {{TILE}}u;  // 32, or fewer for wide heads (codegen/attention.py, SHARED_BUDGET)
-const SPLIT: u32 = {{SPLIT}}u;  // keys cut into SPLIT ranges of KL, merged by a second kernel
-const KL: u32 = {{KL}}u;
 
 var<workgroup> k_tile: {{TILE_TYPE}};
 var<workgroup> v_tile: {{TILE_TYPE}};
-
-// q, k and v are read through strides (batch, head, token; the head dim is contiguous), so
-// a [b, t, h, d] -> [b, h, t, d] transpose in front of attention costs no copy
-fn k4(base: u32, j: u32, c: u32) -> vec4<f32> {
-    let o = base + j * {{KST}}u + c * 4u;
-    return vec4<f32>(k[o], k[o + 1u], k[o + 2u], k[o + 3u]);
-}
-
-fn v4(base: u32, j: u32, c: u32) -> vec4<f32> {
-    let o = base + j * {{VST}}u + c * 4u;
-    return vec4<f32>(v[o], v[o + 1u], v[o + 2u], v[o + 3u]);
-}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

@@ -6,28 +6,9 @@
 // state is written out per row (q{i}_{c}, acc{i}_{c}, m{i}, l{i}).
 {{BINDINGS}}
 
-const S: u32 = {{S}}u;
-const T: u32 = {{T}}u;
-const H: u32 = {{H}}u;
-const HK: u32 = {{HK}}u;
-const REP: u32 = {{REP}}u;
-const DV4: u32 = {{DV4}}u;
-const SCALE: f32 = {{SCALE}};
-const CAUSAL: bool = {{CAUSAL}};
-const SPLIT: u32 = {{SPLIT}}u;  // keys cut into SPLIT ranges of KL, merged by a second kernel
-const KL: u32 = {{KL}}u;
+{{HEAD}}
 const ROWS: u32 = {{ROWS}}u;
 const WG_ROWS: u32 = 8u * ROWS;  // a workgroup's query rows
-
-fn k4(base: u32, j: u32, c: u32) -> vec4<f32> {
-    let o = base + j * {{KST}}u + c * 4u;
-    return {{K4}};
-}
-
-fn v4(base: u32, j: u32, c: u32) -> vec4<f32> {
-    let o = base + j * {{VST}}u + c * 4u;
-    return {{V4}};
-}
 
 @compute @workgroup_size(8)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
