@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from .device import runs_cpu_variants
 from .device_limits import check_buffers, check_device
 from .format import QUICK
 from .lifted_sizes import sizes_buffer
@@ -93,7 +94,11 @@ class Loader:
         self.sizes_layout = check_device(m, device, self.memory_limit)  # (the kernels' and dispatches' sizes)
         self.later = deferred_buffers(m)  # the training state: made after the load (runtime/training_state.py)
         if self.device_class is None:  # CPU rasterisers (lavapipe) rank kernels differently
-            self.device_class = "cpu" if device.adapter.info.get("adapter_type") == "CPU" else "gpu"
+            cpu = device.adapter.info.get("adapter_type") == "CPU" and runs_cpu_variants(device)
+            self.device_class = "cpu" if cpu else "gpu"
+        elif self.device_class == "cpu" and not runs_cpu_variants(device):
+            raise ValueError("device_class='cpu' needs a device with the 'subgroup' feature and 8-lane subgroups "
+                             "(a CPU rasteriser such as lavapipe); this one runs the 'gpu' kernels")
         self.tuned, self.variant = m.kernels_of(self.device_class), self.device_class
         if self.quick_start and self.device_class == "gpu" and any(
                 QUICK in d.variants for p in m.programs.values() for d in p.dispatches):

@@ -60,7 +60,8 @@ class Session(SessionWeights, SessionAdapters):
                 load it can leave this one a mix of old and new weights, and cut short then
                 it stops the process (SIGBUS).
             device_class: "gpu" or "cpu": which kernel variants run; by default CPU
-                rasterisers (lavapipe) get the CPU ones.
+                rasterisers (lavapipe) get the CPU ones where the device has the subgroup
+                feature with 8-lane subgroups (they need it: "cpu" elsewhere is refused).
             memory_limit: bytes; a package whose buffers need more is refused before anything
                 is allocated (with a gigabyte of weights, the lifted sizes' small buffer is
                 added to them once the weights' buffers are made).
@@ -85,7 +86,7 @@ class Session(SessionWeights, SessionAdapters):
                 device's limits, or wgpu refuses a kernel.
             GPUOutOfMemoryError: the device cannot hold the package, or it needs more than
                 `memory_limit`; nothing of it is kept.
-            ValueError: an unknown `device_class`.
+            ValueError: an unknown `device_class`, or "cpu" on a device that cannot run it.
             TypeError: `package` is neither a Package nor a path.
         """
         if device_class not in (None, "cpu", "gpu"):

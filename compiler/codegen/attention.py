@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ...runtime.package import QUICK
 from ..ir.ops_layers import attention_scale, backward_blocks
 from ..passes.records import Kernel, Schedule, base_of
-from .common import WG, Bindings, KernelCode, as_vec4, grid, per_output, strides_of, tile_type
+from .common import WG, Bindings, KernelCode, as_vec4, grid, per_output, shared_loads, strides_of, tile_type
 from .lift_sizes import LOOPED
 from .wgsl import f32_literal, render
 
@@ -155,8 +155,7 @@ def _cpu_variant(common: dict, dv4: int, s: int, heads: int, split: int, quads: 
         names = [f"let row = row{i};", f"let m = m{i};", f"let l = l{i};"] + [
             f"let acc{c} = acc{i}_{c};" for c in range(dv4)]
         store += [f"    if (row{i} < S) {{", "        " + " ".join(names), common["STORE"], "    }"]
-    loads = [f"        let kc{c} = k4(k_base, j, {c}u);" for c in range(dv4)] + [
-        f"        let vc{c} = v4(v_base, j, {c}u);" for c in range(dv4)]
+    loads = shared_loads("kc", "k4(k_base, j, {})", dv4, "lid") + shared_loads("vc", "v4(v_base, j, {})", dv4, "lid")
     keep = {k: v for k, v in common.items() if k not in ("Q_LOAD", "ACC_DECL", "STORE")}
     if quads:  # keys and values 16 bytes a read: a quarter of the reads
         keep["BINDINGS"] = as_vec4(keep["BINDINGS"], "kv")

@@ -127,6 +127,24 @@ class Bindings:
 
 
 
+# CPU rasterisers' variants run on devices whose subgroups are 8 lanes wide (lavapipe on
+# 256-bit SIMD; runtime/device_class.py): there a read loops over the lanes even when they
+# all read one address, so a value every lane needs is read once, by one lane, and broadcast
+# (bench/results/2026-12-03-cpu-lavapipe-kernels.md)
+CPU_LANES = 8
+
+
+def shared_loads(name: str, load: str, count: int, lane: str, indent: str = "        ") -> list:
+    """WGSL lines defining {name}0 .. {name}{count - 1}, values every lane of a CPU subgroup
+    needs: lane l reads values l, l + 8, ... (`load` formatted with the index), then each is
+    broadcast from the lane that read it. Every lane must run these lines (uniform control flow)."""
+    own = -(-count // CPU_LANES)
+    lines = [f"{indent}let {name}_own{p} = {load.format(f'min({lane} + {CPU_LANES * p}u, {count - 1}u)')};"
+             for p in range(own)]
+    return lines + [f"{indent}let {name}{c} = subgroupBroadcast({name}_own{c // CPU_LANES}, {c % CPU_LANES}u);"
+                    for c in range(count)]
+
+
 def as_vec4(decls: str, names) -> str:
     """`decls` with the read-only f32 bindings `names` retyped array<vec4<f32>> (read 16 bytes
     at a time), f16 ones array<vec2<u32>> read through name_at4 (half4.wgsl); one declared

@@ -23,6 +23,7 @@ from .common import (
     ew_code,
     grid,
     per_output,
+    shared_loads,
     strides_of,
     tile_type,
 )
@@ -322,35 +323,58 @@ def _splitk_sum(bind: Bindings, names, temp, m: int, n: int, groups: int, split:
 CPU_BIG_TILES_FROM = 1 << 22
 
 
-def _cpu_variant(common: str, m: int, n: int, z: int, fmas: int) -> tuple:
+def _cpu_variant(common: str, m: int, n: int, z: int, fmas: int, quads: str | None = None) -> tuple:
     """(WGSL, workgroup size, workgroups) of igemm_cpu.wgsl: 4x4 tiles on 8x8 invocations, or
     for big products 16 rows or columns where the shape fills them (else 8) on one row of 8
-    invocations (8 rows when one would need more workgroups than a device allows)."""
+    invocations (8 rows when one would need more workgroups than a device allows). `quads`
+    (`common` with load_a4 / load_b4 along K): big products read 4 k a load, on 8 columns."""
     if fmas < CPU_BIG_TILES_FROM:
         rows = cols = 4
         wy = 8
     else:
-        rows, cols = (16 if m >= 128 else 8), (16 if n >= 128 else 8)
+        rows, cols = (16 if m >= 128 else 8), (16 if n >= 128 and not quads else 8)
         wy = 1 if -(-m // rows) <= MAX_GROUPS else 8
-    quads = range(cols // 4)
-    acc = [f"    var acc{i}_{q} = vec4<f32>(0.0);" for i in range(rows) for q in quads]
-    step = [f"        let b{q} = vec4<f32>(" + ", ".join(f"load_b(g, k, c + {4 * q + e}u)" for e in range(4)) + ");"
-            for q in quads]
-    store = []
-    for i in range(rows):
-        step.append(f"        let a{i} = load_a(g, r + {i}u, k);")
-        step += [f"        acc{i}_{q} = acc{i}_{q} + a{i} * b{q};" for q in quads]
-        store += [f"    store(g, slice, r + {i}u, c + {4 * q + e}u, acc{i}_{q}.{'xyzw'[e]});" for q in quads for e in range(4)]
-    wgsl = render("igemm_cpu", COMMON=common, WY=wy, ROWS=rows, COLS=cols, ACC_DECL="\n".join(acc),
+    if quads is not None and fmas >= CPU_BIG_TILES_FROM:
+        common, step, kstep = quads, _cpu_step_k4(rows, cols), 4
+    else:
+        step, kstep = _cpu_step(rows, cols), 1
+    acc = [f"    var acc{i}_{q} = vec4<f32>(0.0);" for i in range(rows) for q in range(cols // 4)]
+    store = [f"    store(g, slice, r + {i}u, c + {4 * q + e}u, acc{i}_{q}.{'xyzw'[e]});"
+             for i in range(rows) for q in range(cols // 4) for e in range(4)]
+    wgsl = render("igemm_cpu", COMMON=common, WY=wy, ROWS=rows, COLS=cols, KSTEP=kstep, ACC_DECL="\n".join(acc),
                   STEP="\n".join(step), STORE_ALL="\n".join(store))
     return wgsl, (8, wy, 1), (-(-n // (8 * cols)), -(-m // (rows * wy)), z)
 
 
-def _slower_variants(common: str, m: int, n: int, z: int, fmas: int) -> dict:
+def _cpu_step(rows: int, cols: int) -> list:
+    """One k: the lane's COLS values of B (none past the last column), its rows' A values
+    (broadcast: the same for every lane) and the multiply-adds."""
+    quads = range(cols // 4)
+    step = [f"        var b{q} = vec4<f32>(0.0);" for q in quads] + ["        if (c_out < N) {"] + [
+        f"            b{q} = vec4<f32>(" + ", ".join(f"load_b(g, k, c + {4 * q + e}u)" for e in range(4)) + ");"
+        for q in quads] + ["        }"]
+    step += shared_loads("a", "load_a(g, r + {}, k)", rows, "lane")
+    return step + [f"        acc{i}_{q} = acc{i}_{q} + a{i} * b{q};" for i in range(rows) for q in quads]
+
+
+def _cpu_step_k4(rows: int, cols: int) -> list:
+    """Four k: each of the lane's columns of B and each row of A read as one vec4 along K
+    (the rows' broadcast), B's turned into vec4s along the columns, and the multiply-adds."""
+    quads = range(cols // 4)
+    step = [f"        var bk{j} = vec4<f32>(0.0);" for j in range(cols)] + ["        if (c_out < N) {"] + [
+        f"            bk{j} = load_b4(g, k, c + {j}u);" for j in range(cols)] + ["        }"]
+    step += [f"        let b{q}_{e} = vec4<f32>(" + ", ".join(f"bk{4 * q + j}.{e}" for j in range(4)) + ");"
+             for q in quads for e in "xyzw"]
+    step += shared_loads("a", "load_a4(g, r + {}, k)", rows, "lane")
+    return step + [f"        acc{i}_{q} = acc{i}_{q} + " + " + ".join(f"a{i}.{e} * b{q}_{e}" for e in "xyzw") + ";"
+                   for i in range(rows) for q in quads]
+
+
+def _slower_variants(common: str, m: int, n: int, z: int, fmas: int, quads: str | None = None) -> dict:
     """The CPU rasterisers' kernel (barrier-free, same bindings and split) and, unless its
     16-tiles need more workgroups than a device allows, the quick tier's (Session(quick_start=
     True): fast to compile, run until the tuned kernel has compiled)."""
-    variants = {"cpu": _cpu_variant(common, m, n, z, fmas)}
+    variants = {"cpu": _cpu_variant(common, m, n, z, fmas, quads)}
     quick_groups = (-(-n // 16), -(-m // 16), z)
     if max(quick_groups) <= MAX_GROUPS:
         variants[QUICK] = (render("igemm_quick", COMMON=common), (16, 16, 1), quick_groups)
@@ -390,8 +414,10 @@ def igemm(bind: Bindings, m: int, n: int, k: int, groups: int, load_a: str, load
         steps = k_steps_per_trip(k, ks, bk, plan["k_unroll_small"])
         wgsl, tg = _igemm_small(tile, k_contiguous, modes, common, steps), tile // 4
     code = KernelCode(wgsl, (tg, tg, 1), slots, (-(-n // tile), -(-m // tile), groups * split), label)
-    code.variants = _slower_variants(render("igemm_common", BINDINGS=decls, **contract, **ALL_GUARDED),
-                                     m, n, groups * split, m * n * k * groups)
+    guarded = {**contract, **ALL_GUARDED}
+    quads = _vec4_common("", decls, guarded, modes, vec4) if modes == ["k", "k"] else None  # (K % 4 == 0)
+    code.variants = _slower_variants(render("igemm_common", BINDINGS=decls, **guarded), m, n, groups * split,
+                                     m * n * k * groups, quads)
     if split == 1:
         return code
     code.temps = {temp: split * groups * m * n * 4}

@@ -196,6 +196,26 @@ def test_kernels_without_shader_checks_compute_the_same(device, package):
         _unchecked_module(device, "@compute @workgroup_size(1) fn main() { let x: u32 = 1.5; }", "bad")
 
 
+def test_cpu_variants_only_where_subgroups_are_8_lanes(device, package):
+    """The CPU rasterisers' kernels broadcast within 8-lane subgroups: a CPU adapter runs them
+    when its device has the subgroup feature (lavapipe on 256-bit SIMD, the CI's); a device
+    without it runs the GPU kernels, and refuses device_class='cpu' by name."""
+    from meganeura.runtime.device import runs_cpu_variants
+
+    info = device.adapter.info
+    if info["adapter_type"] == "CPU" and "256 bits" in info["device"]:  # lavapipe's SIMD width
+        assert runs_cpu_variants(device) and Session(device, package).device_class == "cpu"
+    plain = device.adapter.request_device_sync(required_features=[])
+    assert "subgroup" not in plain.features and not runs_cpu_variants(plain)
+    s = Session(plain, package)
+    assert s.device_class == "gpu"
+    x = np.random.default_rng(2).standard_normal((16, 12))
+    np.testing.assert_allclose(s.run("infer", {"x": x})["logits"], Session(device, package).run("infer", {"x": x})["logits"],
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="device_class='cpu' needs .*subgroup"):
+        Session(plain, package, device_class="cpu")
+
+
 def test_workgroup_memory_beyond_the_device_is_refused_by_name(device):
     """A host's device may allow less workgroup memory than the kernels use (WebGPU's default
     is 16 KiB): the kernels of the device's class are checked, and a smaller device gets a

@@ -2,8 +2,9 @@
 // invocation, so that each key and value row read from memory serves ROWS queries. A
 // storage-buffer read costs there ~40x a multiply-add (it loops over the SIMD lanes), and
 // workgroup memory is read the same way, so sharing keys through it gains nothing
-// (bench/REJECTED.md). Same bindings, key split and outputs as attention.wgsl; the rows'
-// state is written out per row (q{i}_{c}, acc{i}_{c}, m{i}, l{i}).
+// (bench/REJECTED.md). A workgroup is one subgroup of 8 lanes, all reading the same key:
+// each of its vec4s is read by one lane and broadcast. Same bindings, key split and outputs as
+// attention.wgsl; the rows' state is written out per row (q{i}_{c}, acc{i}_{c}, m{i}, l{i}).
 {{BINDINGS}}
 
 {{HEAD}}

@@ -8,21 +8,29 @@
 // unrolling loops over a private array. The operands are never materialised: load_a / load_b
 // compute where each element lives (a strided matrix for matmul; an im2col window for
 // convolutions), and store writes each result (where epilogues go). Edges are guarded: any
-// M, N, K works.
+// M, N, K works. A row of 8 lanes is one subgroup: A's values, the same for all of them, are
+// each read by one lane and broadcast. Where A and B both lie along K (a linear layer), a big
+// product's step reads 4 k at once (load_a4 / load_b4): a quarter of the reads.
 {{COMMON}}
 @compute @workgroup_size(8, {{WY}})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wg: vec3<u32>) {
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wg: vec3<u32>,
+        @builtin(local_invocation_id) lid: vec3<u32>) {
     let g = wg.z / SPLIT;
     let slice = wg.z % SPLIT;
     let k_end = min(K, (slice + 1u) * KS);
     let r = gid.y * {{ROWS}}u;
-    let c = gid.x * {{COLS}}u;
-    if (r >= M || c >= N) {
+    if (r >= M) {  // (a whole row of 8 lanes, one subgroup, leaves together)
         return;
     }
+    // a lane past the last column reads the first ones: its lanes' reads need it (codegen/common.py, shared_loads)
+    let lane = lid.x;
+    let c_out = gid.x * {{COLS}}u;
+    let c = select(0u, c_out, c_out < N);
 {{ACC_DECL}}
-    for (var k = slice * KS; k < k_end; k = k + 1u) {
+    for (var k = slice * KS; k < k_end; k = k + {{KSTEP}}u) {
 {{STEP}}
     }
+    if (c_out < N) {
 {{STORE_ALL}}
+    }
 }
