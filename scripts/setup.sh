@@ -92,7 +92,9 @@ else
     say "installing meganeura (editable) with extras test,demo,docs into .venv; first run takes minutes"
     # torch==2.13.0 comes from the test extra; a local folder of wheels, where the machine
     # has one, keeps pip from fetching a multi-GB CUDA build.
-    pip_args=(-q --disable-pip-version-check)
+    # --no-compile: Python compiles what it imports when it first does, instead of pip
+    # compiling every installed module up front (torch's thousands: ~50 s of a 2-core set-up)
+    pip_args=(-q --disable-pip-version-check --no-compile)
     [ -d /opt/wheels ] && pip_args+=(--find-links /opt/wheels)
     if ! "$VENV/bin/python" -m pip install "${pip_args[@]}" -e ".[test,demo,docs]" >"$LOG" 2>&1; then
         tail -n 30 "$LOG" >&2
