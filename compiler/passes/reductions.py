@@ -88,6 +88,7 @@ def merge_kept_reductions(graph, kernels, waits=None):
     deps = [({kernel_of[x] for x in k.reads if x in kernel_of} | (waits or {}).get(i, set())) - {i}
             for i, k in enumerate(kernels)]
     anc = [None] * len(kernels)  # kernel -> bitset of the kernels it waits for, transitively
+    path = set()  # kernels whose waits are being resolved: one of them waited for again is a cycle
     for start in range(len(kernels)):
         stack = [start]
         while stack:  # (kernel indices are not a topological order: a root may join an older kernel)
@@ -97,12 +98,17 @@ def merge_kept_reductions(graph, kernels, waits=None):
                 continue
             todo = [j for j in deps[i] if anc[j] is None]
             if todo:
+                if path.intersection(todo) or i in todo:
+                    raise RuntimeError(f"compiler bug: kernels wait for each other in a cycle ({kernels[i].kind} "
+                                       f"kernel {i}); please report it with the model")
+                path.add(i)
                 stack.extend(todo)
                 continue
             bits = 0
             for j in deps[i]:
                 bits |= (1 << j) | anc[j]
             anc[i] = bits
+            path.discard(i)
             stack.pop()
     groups = {}
     for i, k in enumerate(kernels):

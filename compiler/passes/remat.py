@@ -5,10 +5,11 @@ input, an activation's). Unbudgeted, each of them stays in memory from its forwa
 to its last backward reader, so the step's peak holds every layer's activations at once.
 Here some of them are recomputed instead: the backward reads a clone of the value's forward
 subgraph, cloned back to values that are kept (or leaves) and placed, in node order, right
-before the clone's first backward reader. The clones are the same ops on the same inputs,
-so the same kernels compute the same numbers; `after` tells the scheduler that a clone's
-kernel waits for the backward work before it (it never merges into a forward kernel, which
-would compute it early and hold it).
+before the clone's first backward reader; a reader SHARE heavy backward kernels later gets
+a clone of its own, so that a segment's values are not all held from its first reader to
+its last. The clones are the same ops on the same inputs, so the same kernels compute the
+same numbers; `after` tells the scheduler that a clone's kernel waits for the backward work
+before it (it never merges into a forward kernel, which would compute it early and hold it).
 
 Which values to recompute: a greedy choice by bytes freed per FLOP spent, cheap values first
 (those whose clone holds no matmul, convolution or attention), then values whose clone holds
@@ -27,8 +28,13 @@ from ..ir.ops import OPS
 from .records import base_of
 
 EXPENSIVE = ("matmul", "conv2d", "conv_transpose2d", "attention", "attention_lse")
+HEAVY_KINDS = ("matmul", "conv", "attention")  # kernel kinds of the backward that age a clone
+SHARE = 2  # heavy backward kernels a clone is shared across; a later reader makes its own
 REACHES = (0, 1, 2, 3, 4, 6)  # expensive ops a clone may hold, tried in turn
-CONE_NODES = 24  # nodes a clone may hold per expensive op it holds (and that many at least)
+CONE_NODES = 96  # nodes a clone may hold per expensive op it holds (and that many at least): a
+# convolution with its training-mode batch norm and activation is some 30
+SMALL = 256  # values under 1/SMALL of the largest stay kept: a statistic frees nothing, and
+# its clone would recompute the reduction over its (far larger) input
 UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
@@ -111,8 +117,20 @@ def flops(g: Graph, n: Node) -> int:
 
 
 def forward_of(g: Graph) -> set:
-    """The forward pass: every node the loss depends on."""
-    seen, stack = set(), [g.outputs["loss"]]
+    """The forward pass: every node the loss depends on, and the updates of frozen state
+    computed from those alone (batch norm's running statistics), which the backward never
+    reads: recomputing their inputs would run the forward twice."""
+    seen = _ancestors(g, [g.outputs["loss"]])
+    frozen = [i for name, i in g.assigns.items() if name in g.frozen]
+    side = _ancestors(g, frozen) - _ancestors(g, set(g.assigns.values()) - set(frozen)) - seen
+    for i in sorted(side):  # (inputs first: node order is topological)
+        if all(j in seen for j in g.nodes[i].inputs):
+            seen.add(i)
+    return seen
+
+
+def _ancestors(g: Graph, ends) -> set:
+    seen, stack = set(), list(ends)
     while stack:
         i = stack.pop()
         if i not in seen:
@@ -157,19 +175,28 @@ def cone(g: Graph, v: int, kept, forward: set) -> list:
 def ranking(g: Graph, cands: dict, forward: set, reach: int) -> list:
     """Candidates in the order a greedy choice recomputes them: most bytes per FLOP first
     (lazily re-scored: a clone only grows as fewer values are kept), each clone holding at
-    most `reach` expensive ops."""
+    most `reach` expensive ops, the clones of values chosen before it included (one that
+    read it as kept would then compute its subgraph too); small values never."""
     kept = set(cands)
-    cost = {}
+    cones, reads = {}, {}  # chosen value -> the nodes its clone computes, and what they read
+
+    def fits(nodes) -> bool:
+        heavy = sum(g.nodes[i].op in EXPENSIVE for i in nodes)
+        return heavy <= reach and len(nodes) <= CONE_NODES * max(heavy, 1)
+
+    def grown(v, nodes) -> list | None:
+        """The chosen values whose clones read `v`, or None when one would grow too big."""
+        out = [u for u in cones if v in reads[u]]
+        return out if all(fits(cones[u] | nodes) for u in out) else None
 
     def score(v):
-        nodes = cone(g, v, kept, forward)
-        heavy = sum(g.nodes[i].op in EXPENSIVE for i in nodes)
-        if heavy > reach or len(nodes) > CONE_NODES * max(heavy, 1):
+        nodes = set(cone(g, v, kept, forward))
+        if not fits(nodes) or grown(v, nodes) is None:
             return None
-        cost[v] = sum(flops(g, g.nodes[i]) for i in nodes)
-        return -cands[v] / (cost[v] + cands[v])
+        return -cands[v] / (sum(flops(g, g.nodes[i]) for i in nodes) + cands[v])
 
-    heap = [(s, v) for v in cands if (s := score(v)) is not None]
+    least = max(cands.values(), default=0) // SMALL
+    heap = [(s, v) for v in cands if cands[v] > least and (s := score(v)) is not None]
     heapq.heapify(heap)
     order = []
     while heap:
@@ -180,18 +207,35 @@ def ranking(g: Graph, cands: dict, forward: set, reach: int) -> list:
         if fresh > s + 1e-12:  # it got worse since: back in line
             heapq.heappush(heap, (fresh, v))
             continue
+        nodes = set(cone(g, v, kept, forward))
+        for u in grown(v, nodes):
+            cones[u] |= nodes
+            reads[u] |= _reads(g, nodes)
+        cones[v], reads[v] = nodes, _reads(g, nodes)
         kept.discard(v)
         order.append(v)
     return order
 
 
+def _reads(g: Graph, nodes) -> set:
+    return {j for i in nodes for j in g.nodes[i].inputs}
+
+
 def rematerialise(g: Graph, recompute: set, cands, forward: set) -> Remat:
     """A copy of `g` whose backward reads clones of the values in `recompute` (of `cands`,
-    the values the backward reads; the others stay kept)."""
+    the values the backward reads; the others stay kept).
+
+    Readers share a clone across SHARE matmuls, convolutions or attentions of the backward;
+    a later reader computes its own (else a recomputed segment's values would all be held
+    from its first reader to its last). Clones of elementwise ops over kept values cost little
+    to hold and stay shared: two copies of one would read the same tensors, and the scheduler
+    would merge them into one kernel."""
     out = Graph(values=dict(g.values), frozen=set(g.frozen), arenas=g.arenas, io_dtypes=dict(g.io_dtypes))
     kept = set(cands) - set(recompute)
     remap, clones, after = {}, {}, {}
+    made, cheap = [], set()  # the forward node of every clone; clones of elementwise ops over kept values
     anchor = None  # the latest backward node with a kernel of its own
+    heavy, born = 0, {}  # heavy backward kernels so far; clone -> that count when it was made (cheap ones aside)
 
     def redo(x):
         return base_of(g, x) in recompute or (x in forward and x not in kept and g.nodes[x].op not in LEAF_OPS)
@@ -209,6 +253,11 @@ def rematerialise(g: Graph, recompute: set, cands, forward: set) -> Remat:
                 n = g.nodes[j]
                 ins = tuple(clones[x] if redo(x) else remap[x] for x in n.inputs)
                 clones[j] = out.add(Node(n.op, n.dtype, n.shape, ins, n.attrs))
+                made.append(j)
+                if (n.op == "reshape" or _elementwise(n.op)) and all(x in cheap for x in n.inputs if redo(x)):
+                    cheap.add(j)
+                else:
+                    born[j] = heavy
                 if anchor is not None:
                     after[clones[j]] = anchor
         return clones[i]
@@ -223,10 +272,15 @@ def rematerialise(g: Graph, recompute: set, cands, forward: set) -> Remat:
         remap[i] = out.add(Node(n.op, n.dtype, n.shape, ins, n.attrs))
         if n.inputs and not _elementwise(n.op):
             anchor = remap[i]
+        if _heavy(n.op):
+            heavy += 1
+            for j in [j for j, at in born.items() if heavy - at >= SHARE]:
+                clones.pop(j, None)
+                del born[j]
     out.outputs = {k: remap[i] for k, i in g.outputs.items()}
     out.assigns = {k: remap[i] for k, i in g.assigns.items()}
     return Remat(out, after, len(recompute), sum(g.nodes[i].size * 4 for i in recompute),
-                 sum(flops(g, g.nodes[i]) for i in clones), sum(flops(g, g.nodes[i]) for i in live))
+                 sum(flops(g, g.nodes[i]) for i in made), sum(flops(g, g.nodes[i]) for i in live))
 
 
 def _touching(g: Graph, recompute: set, kept: set, forward: set) -> set:
@@ -291,6 +345,11 @@ def floor_bytes(g: Graph) -> int:
     leaves = sum(n.size * (2 if n.dtype == "f16" else 4) for n in g.nodes if n.op in ("param", "state"))
     trained = {name for name in g.assigns if not name.startswith("optimizer.")} - set(g.frozen)
     return leaves + sum(g.nodes[i].size * 4 for name, i in g.params.items() if name in trained)
+
+
+def _heavy(op: str) -> bool:
+    lowering = OPS[op].lowering
+    return len(lowering) > 1 and lowering[1] in HEAVY_KINDS
 
 
 def _elementwise(op: str) -> bool:
