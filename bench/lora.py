@@ -3,7 +3,7 @@
 k_proj, v_proj, o_proj), against PyTorch with the same LoRA written out by hand: step time, memory and a ten-step
 loss trajectory.
 
-    python bench/lora.py [--smoke] [--json OUT]
+    python bench/lora.py [--smoke] [--json OUT] [--memory-budget 1GiB]
 
 The model is bench/models.py's `smollm2_135m` (transformers' LlamaForCausalLM, random
 initialisation, the same weights in our builder by state-dict name). Ours: compiled with
@@ -58,12 +58,12 @@ def _batches(n: int, batch: int, seq: int, vocab: int, seed: int = 0) -> list:
     return out
 
 
-def _train_config():
+def _train_config(memory_budget=None):
     from meganeura.compiler import TrainConfig
     from models import LR
 
     return TrainConfig(loss="cross_entropy", optimizer="adamw", lr=LR, lora_rank=RANK, lora_alpha=ALPHA,
-                       lora_targets=TARGETS)
+                       lora_targets=TARGETS, memory_budget=memory_budget)
 
 
 def ours(model, cfg, batches: list, iters: int) -> tuple:
@@ -183,7 +183,7 @@ def torch_side(ref, init: dict, cfg, batches: list, iters: int, dev: str) -> tup
     return res, after
 
 
-def measure(smoke: bool) -> dict:
+def measure(smoke: bool, memory_budget=None) -> dict:
     import torch
     from models import smollm2_135m
 
@@ -191,12 +191,13 @@ def measure(smoke: bool) -> dict:
     case = smollm2_135m(smoke=smoke)
     ref = case.setup.module  # the transformers twin, on the CPU, the weights our builder holds
     batch, seq = case.inputs["input_ids"].shape
-    cfg = _train_config()
+    cfg = _train_config(memory_budget)
     batches = _batches(STEPS, batch, seq, ref.config.vocab_size)
     iters = 5 if smoke else ITERS
     model, case.model = case.model, None
     res = {"config": f"{case.config.split(', cross')[0]}, next-token cross entropy; LoRA rank {RANK}, alpha "
-                     f"{ALPHA:g} (scale {ALPHA / RANK:g}) on {', '.join(MODULES)}; AdamW lr {cfg.lr}",
+                     f"{ALPHA:g} (scale {ALPHA / RANK:g}) on {', '.join(MODULES)}; AdamW lr {cfg.lr}"
+                     + (f"; ours with --memory-budget {memory_budget}" if memory_budget else ""),
            "torch_device": dev}
     res["ours"], init, ours_after = ours(model, cfg, batches, iters)
     del model
@@ -281,8 +282,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--memory-budget", help="compile our step to fit this many bytes (e.g. 1GiB)")
     args = ap.parse_args()
-    res = measure(args.smoke)
+    res = measure(args.smoke, args.memory_budget)
     res["env"] = _env(res["torch_device"])
     print(json.dumps(res, indent=1))
     print(markdown(res))

@@ -197,14 +197,15 @@ def test_kernels_without_shader_checks_compute_the_same(device, package):
 
 
 def test_cpu_variants_only_where_subgroups_are_8_lanes(device, package):
-    """The CPU rasterisers' kernels broadcast within 8-lane subgroups: a CPU adapter runs them
-    when its device has the subgroup feature (lavapipe on 256-bit SIMD, the CI's); a device
-    without it runs the GPU kernels, and refuses device_class='cpu' by name."""
+    """The CPU rasterisers' kernels broadcast within 8-lane subgroups: lavapipe on 256-bit SIMD
+    (the CI's) runs them, its subgroups 8 lanes wide as its name says; a device without the
+    subgroup feature runs the GPU kernels (the same numbers), and refuses device_class='cpu'."""
     from meganeura.runtime.device import runs_cpu_variants
 
-    info = device.adapter.info
-    if info["adapter_type"] == "CPU" and "256 bits" in info["device"]:  # lavapipe's SIMD width
+    if "llvmpipe" in device.adapter.info["device"] and "256 bits" in device.adapter.info["device"]:
         assert runs_cpu_variants(device) and Session(device, package).device_class == "cpu"
+    if runs_cpu_variants(device):
+        assert _subgroup_size(device) == 8
     plain = device.adapter.request_device_sync(required_features=[])
     assert "subgroup" not in plain.features and not runs_cpu_variants(plain)
     s = Session(plain, package)
@@ -214,6 +215,27 @@ def test_cpu_variants_only_where_subgroups_are_8_lanes(device, package):
                                rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="device_class='cpu' needs .*subgroup"):
         Session(plain, package, device_class="cpu")
+
+
+def _subgroup_size(device) -> int:
+    """The subgroup size a one-invocation kernel sees on `device`."""
+    import wgpu
+
+    buf = device.create_buffer(size=16, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+    code = ("@group(0) @binding(0) var<storage, read_write> out: array<u32>;\n@compute @workgroup_size(1)\n"
+            "fn main(@builtin(subgroup_size) lanes: u32) { out[0] = lanes; }")
+    pipeline = device.create_compute_pipeline(layout="auto", compute={"module": device.create_shader_module(code=code),
+                                                                      "entry_point": "main"})
+    group = device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
+                                     entries=[{"binding": 0, "resource": {"buffer": buf}}])
+    enc = device.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(pipeline)
+    cp.set_bind_group(0, group)
+    cp.dispatch_workgroups(1)
+    cp.end()
+    device.queue.submit([enc.finish()])
+    return int(np.frombuffer(device.queue.read_buffer(buf, size=4), np.uint32)[0])
 
 
 def test_workgroup_memory_beyond_the_device_is_refused_by_name(device):
