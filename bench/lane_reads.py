@@ -43,7 +43,6 @@ def kernels() -> dict:
 
 def main() -> None:
     import wgpu
-
     from meganeura.runtime.device import default_device
 
     dev = default_device()

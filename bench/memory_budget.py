@@ -35,13 +35,12 @@ RUNS = {"dinov2_vits14": ("dinov2_vits14", 256 << 20, {}),  # AdamW: weights, gr
 
 def measure(run: str, smoke: bool, device, torch_device) -> dict:
     import models  # noqa: F401  (registers the workloads)
-    from timing import time_program
-    from workloads import WORKLOADS
-
     from meganeura.compiler import compile_model
     from meganeura.compiler.passes.remat import BudgetError
     from meganeura.runtime import Package, Session
     from meganeura.runtime.package_summary import step_bytes
+    from timing import time_program
+    from workloads import WORKLOADS
 
     name, budget, changes = RUNS[run]
     case = WORKLOADS[name](smoke=smoke)
@@ -122,7 +121,6 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=list(RUNS), choices=list(RUNS))
     args = ap.parse_args()
     import torch
-
     from meganeura.runtime.device import default_device
 
     device = default_device()
