@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ...runtime.device import CPU_LANES
 from ..ir.ops import OPS
 from ..passes.records import Schedule, base_of, flat_read
 from .wgsl import f32_literal, i32_literal, render
@@ -127,11 +128,10 @@ class Bindings:
 
 
 
-# CPU rasterisers' variants run on devices whose subgroups are 8 lanes wide (lavapipe on
-# 256-bit SIMD; runtime/device_class.py): there a read loops over the lanes even when they
-# all read one address, so a value every lane needs is read once, by one lane, and broadcast
-# (bench/results/2026-12-03-cpu-lavapipe-kernels.md)
-CPU_LANES = 8
+# CPU rasterisers' variants run on devices whose subgroups are CPU_LANES wide (lavapipe on
+# 256-bit SIMD; runtime/device.py picks them): there a read loops over the lanes even when
+# they all read one address, so a value every lane needs is read once, by one lane, and
+# broadcast (bench/results/2026-12-03-cpu-subgroup-broadcast.md)
 
 
 def shared_loads(name: str, load: str, count: int, lane: str, indent: str = "        ") -> list:

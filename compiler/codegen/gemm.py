@@ -350,9 +350,8 @@ def _cpu_step(rows: int, cols: int) -> list:
     """One k: the lane's COLS values of B (none past the last column), its rows' A values
     (broadcast: the same for every lane) and the multiply-adds."""
     quads = range(cols // 4)
-    step = [f"        var b{q} = vec4<f32>(0.0);" for q in quads] + ["        if (c_out < N) {"] + [
-        f"            b{q} = vec4<f32>(" + ", ".join(f"load_b(g, k, c + {4 * q + e}u)" for e in range(4)) + ");"
-        for q in quads] + ["        }"]
+    step = _lane_reads({f"b{q}": "vec4<f32>(" + ", ".join(f"load_b(g, k, c + {4 * q + e}u)" for e in range(4)) + ")"
+                        for q in quads})
     step += shared_loads("a", "load_a(g, r + {}, k)", rows, "lane")
     return step + [f"        acc{i}_{q} = acc{i}_{q} + a{i} * b{q};" for i in range(rows) for q in quads]
 
@@ -361,13 +360,19 @@ def _cpu_step_k4(rows: int, cols: int) -> list:
     """Four k: each of the lane's columns of B and each row of A read as one vec4 along K
     (the rows' broadcast), B's turned into vec4s along the columns, and the multiply-adds."""
     quads = range(cols // 4)
-    step = [f"        var bk{j} = vec4<f32>(0.0);" for j in range(cols)] + ["        if (c_out < N) {"] + [
-        f"            bk{j} = load_b4(g, k, c + {j}u);" for j in range(cols)] + ["        }"]
+    step = _lane_reads({f"bk{j}": f"load_b4(g, k, c + {j}u)" for j in range(cols)})
     step += [f"        let b{q}_{e} = vec4<f32>(" + ", ".join(f"bk{4 * q + j}.{e}" for j in range(4)) + ");"
              for q in quads for e in "xyzw"]
     step += shared_loads("a", "load_a4(g, r + {}, k)", rows, "lane")
     return step + [f"        acc{i}_{q} = acc{i}_{q} + " + " + ".join(f"a{i}.{e} * b{q}_{e}" for e in "xyzw") + ";"
                    for i in range(rows) for q in quads]
+
+
+def _lane_reads(reads: dict) -> list:
+    """WGSL lines reading the lane's own B values (name -> vec4 expression), zero for a lane
+    past the last column."""
+    return ([f"        var {name} = vec4<f32>(0.0);" for name in reads] + ["        if (c < N) {"]
+            + [f"            {name} = {expr};" for name, expr in reads.items()] + ["        }"])
 
 
 def _slower_variants(common: str, m: int, n: int, z: int, fmas: int, quads: str | None = None) -> dict:

@@ -98,7 +98,7 @@ def merge_kept_reductions(graph, kernels, waits=None):
                 continue
             todo = [j for j in deps[i] if anc[j] is None]
             if todo:
-                if path.intersection(todo) or i in todo:
+                if path.intersection(todo):
                     raise RuntimeError(f"compiler bug: kernels wait for each other in a cycle ({kernels[i].kind} "
                                        f"kernel {i}); please report it with the model")
                 path.add(i)

@@ -70,24 +70,30 @@ def test_unreachable_budget_names_the_smallest(packages):
     compile_model(model, TrainConfig(lr=1e-2, memory_budget=refused.reachable))  # that one fits
 
 
+def same_steps(device, plain: bytes, budgeted: bytes, batches) -> tuple:
+    """Train both packages on `batches`: their losses and weights must be equal bit for bit.
+    Returns the losses and the weights."""
+    runs = []
+    for data in (plain, budgeted):
+        session = Session(device, Package.from_bytes(data))
+        runs.append((np.array([session.run("train_step", batch)["loss"] for batch in batches]), session.weights()))
+    (l0, w0), (l1, w1) = runs
+    np.testing.assert_array_equal(l0, l1)
+    for name in w0:
+        np.testing.assert_array_equal(w0[name], w1[name], err_msg=name)
+    return l0, w0
+
+
 def test_budget_changes_no_number(device, packages):
     """Three steps: the same losses and weights, bit for bit (the same kernels on the same values)."""
     _, plain, budgeted, *_ = packages
     rng = np.random.default_rng(1)
     batches = [{"x": rng.standard_normal((BATCH, TOKENS, WIDTH)).astype(np.float32),
                 "labels": rng.integers(0, CLASSES, BATCH).astype(np.int32)} for _ in range(STEPS)]
-    runs = []
-    for data in (plain, budgeted):
-        session = Session(device, Package.from_bytes(data))
-        losses = [session.run("train_step", batch)["loss"] for batch in batches]
-        runs.append((np.array(losses), session.weights()))
-    (l0, w0), (l1, w1) = runs
-    np.testing.assert_array_equal(l0, l1)
-    assert np.all(np.isfinite(l0)) and len(set(l0.tolist())) == STEPS
+    losses, weights = same_steps(device, plain, budgeted, batches)
+    assert np.all(np.isfinite(losses)) and len(set(losses.tolist())) == STEPS
     initial = Package.from_bytes(plain).weights
-    assert all(not np.array_equal(w0[name], initial[name]) for name in w0 if name.endswith("fc1.weight"))
-    for name in w0:
-        np.testing.assert_array_equal(w0[name], w1[name], err_msg=name)
+    assert all(not np.array_equal(weights[name], initial[name]) for name in weights if name.endswith("fc1.weight"))
 
 
 def tiny_llama():
@@ -115,15 +121,8 @@ def test_llama_lora_at_the_smallest_budget(device):
     rng = np.random.default_rng(5)
     batches = [{"input_ids": rng.integers(0, 97, (2, 16)).astype(np.int32),
                 "labels": rng.integers(0, 97, 32).astype(np.int32)} for _ in range(STEPS)]
-    runs = []
-    for data in (plain, budgeted):
-        session = Session(device, Package.from_bytes(data))
-        runs.append((np.array([session.run("train_step", batch)["loss"] for batch in batches]), session.weights()))
-    (l0, w0), (l1, w1) = runs
-    np.testing.assert_array_equal(l0, l1)
-    assert np.all(np.isfinite(l0)) and len(set(l0.tolist())) == STEPS
-    for name in w0:
-        np.testing.assert_array_equal(w0[name], w1[name], err_msg=name)
+    losses, weights = same_steps(device, plain, budgeted, batches)
+    assert np.all(np.isfinite(losses)) and len(set(losses.tolist())) == STEPS
 
 
 def test_resnet_at_the_smallest_budget(device):
@@ -143,15 +142,8 @@ def test_resnet_at_the_smallest_budget(device):
     rng = np.random.default_rng(6)
     batches = [{"x": rng.standard_normal((2, 3, 32, 32)).astype(np.float32),
                 "labels": rng.integers(0, CLASSES, 2).astype(np.int32)} for _ in range(2)]
-    runs = []
-    for data in (plain, budgeted):
-        session = Session(device, Package.from_bytes(data))
-        runs.append((np.array([session.run("train_step", batch)["loss"] for batch in batches]), session.weights()))
-    (l0, w0), (l1, w1) = runs
-    np.testing.assert_array_equal(l0, l1)
-    assert np.all(np.isfinite(l0)) and any(name.endswith("running_mean") for name in w0)
-    for name in w0:
-        np.testing.assert_array_equal(w0[name], w1[name], err_msg=name)
+    losses, weights = same_steps(device, plain, budgeted, batches)
+    assert np.all(np.isfinite(losses)) and any(name.endswith("running_mean") for name in weights)
 
 
 def test_half_weights_count_as_stored():

@@ -22,15 +22,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wg
     if (r >= M) {  // (a whole row of 8 lanes, one subgroup, leaves together)
         return;
     }
-    // a lane past the last column reads the first ones: its lanes' reads need it (codegen/common.py, shared_loads)
+    // a lane past the last column still runs the loop (the broadcasts need every lane), its
+    // own reads and stores skipped
     let lane = lid.x;
-    let c_out = gid.x * {{COLS}}u;
-    let c = select(0u, c_out, c_out < N);
+    let c = gid.x * {{COLS}}u;
 {{ACC_DECL}}
     for (var k = slice * KS; k < k_end; k = k + {{KSTEP}}u) {
 {{STEP}}
     }
-    if (c_out < N) {
+    if (c < N) {
 {{STORE_ALL}}
     }
 }
